@@ -1,0 +1,45 @@
+"""Correctness and regression harness for LLM-inference graph optimisations.
+
+The public facade: comparison, errors, graph backends and the implementation registry.
+Components (``harness.graphs``, ``harness.runner``, ``harness.gather``) are importable on their own.
+"""
+
+from harness.compare import TOLERANCES, Tolerance, assert_equivalent, tolerance_for
+from harness.errors import (
+    BatchError,
+    BucketError,
+    CaptureError,
+    DiscoveryError,
+    GatherContractError,
+    GraphHazardError,
+    HarnessError,
+    ImplementationError,
+    MismatchError,
+    ReplayError,
+    UsageError,
+)
+from harness.graphs import GraphCapturer, break_graph, eager_on_graph, get_backend
+
+__all__ = [
+    "assert_equivalent",
+    "tolerance_for",
+    "Tolerance",
+    "TOLERANCES",
+    "get_backend",
+    "GraphCapturer",
+    "eager_on_graph",
+    "break_graph",
+    "HarnessError",
+    "UsageError",
+    "ImplementationError",
+    "CaptureError",
+    "ReplayError",
+    "GraphHazardError",
+    "DiscoveryError",
+    "BatchError",
+    "BucketError",
+    "GatherContractError",
+    "MismatchError",
+]
+
+__version__ = "0.1.0"

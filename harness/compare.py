@@ -1,0 +1,163 @@
+"""Equivalence checks between an implementation's output and its oracle, and their failure reports.
+
+One concept: :func:`assert_equivalent` walks two nested structures (tensors, tuples, lists, dicts,
+``None``, Python scalars) and compares them leaf by leaf, either bitwise or within the tolerance
+that :data:`TOLERANCES` gives for the dtype. A failure raises :class:`~harness.errors.MismatchError`
+whose message says where in the structure, how many elements differ, the largest difference and
+its index, and the context the caller passed (implementation, seed, shapes, a command to rerun).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+import torch
+
+from harness.errors import MismatchError
+
+__all__ = ["Tolerance", "TOLERANCES", "tolerance_for", "assert_equivalent", "describe_mismatch"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Tolerance:
+    rtol: float
+    atol: float
+    why: str
+
+
+# The one tolerance table. Comparisons that are copies (gathers, writebacks, replays of the same
+# kernels on the emulated backend) are bitwise and never consult it. It applies where a replayed
+# graph may legitimately pick other kernels or reduction orders than eager (CUDA graphs capture
+# cuBLAS workspaces and split-K choices of their own; TF32 stays off in the suites).
+TOLERANCES: dict[torch.dtype, Tolerance] = {
+    torch.float64: Tolerance(1e-7, 1e-7, "float64 references: only summation order differs"),
+    torch.float32: Tolerance(
+        1e-5, 1e-5,
+        "a replayed stack may pick another GEMM/reduction order than eager; measured |diff| ~1e-6 on "
+        "an H200 for tiny layer stacks, so 1e-5 leaves a 10x margin and still catches a wrong buffer",
+    ),
+    torch.bfloat16: Tolerance(
+        1.6e-2, 1e-2,
+        "bf16 keeps 8 mantissa bits (eps 7.8e-3); one reordered accumulation can move a value by 1-2 ulp",
+    ),
+    torch.float16: Tolerance(
+        1e-3, 1e-3,
+        "fp16 keeps 11 mantissa bits (eps 9.8e-4); reordered accumulation moves values by about 1 ulp",
+    ),
+}
+
+
+def tolerance_for(dtype: torch.dtype) -> Tolerance:
+    """Tolerance for floating dtypes; integer, bool and float8 values are compared exactly."""
+    return TOLERANCES.get(dtype, Tolerance(0.0, 0.0, "exact: integer, bool or float8 values"))
+
+
+def _format_context(context: Mapping[str, Any] | None) -> str:
+    if not context:
+        return ""
+    return "".join(f"\n  {key}: {value}" for key, value in context.items())
+
+
+def describe_mismatch(actual: torch.Tensor, expected: torch.Tensor, *, exact: bool, where: str = "") -> str | None:
+    """Return a message describing how ``actual`` differs from ``expected``, or None when they agree."""
+    label = f" at {where}" if where else ""
+    if not isinstance(actual, torch.Tensor):
+        return f"expected a tensor{label}, got {type(actual).__name__}"
+    if actual.shape != expected.shape:
+        return f"shape mismatch{label}: actual {tuple(actual.shape)} vs expected {tuple(expected.shape)}"
+    if actual.dtype != expected.dtype:
+        return f"dtype mismatch{label}: actual {actual.dtype} vs expected {expected.dtype}"
+    if actual.device.type != expected.device.type:
+        return f"device mismatch{label}: actual {actual.device} vs expected {expected.device}"
+    actual_cpu, expected_cpu = actual.detach().cpu(), expected.detach().cpu()
+    if actual_cpu.numel() == 0:
+        return None
+    if exact or not expected.dtype.is_floating_point or expected.dtype not in TOLERANCES:
+        if actual_cpu.dtype.is_floating_point and actual_cpu.element_size() == 1:  # float8: compare bits
+            actual_cpu, expected_cpu = actual_cpu.view(torch.uint8), expected_cpu.view(torch.uint8)
+        # Bitwise for floats: NaNs with the same bits agree, +0.0 and -0.0 do not.
+        if actual_cpu.dtype.is_floating_point:
+            bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}[actual_cpu.element_size()]
+            mismatch = actual_cpu.contiguous().view(bits) != expected_cpu.contiguous().view(bits)
+        else:
+            mismatch = actual_cpu != expected_cpu
+        rtol = atol = 0.0
+        mode = "bitwise"
+    else:
+        tol = tolerance_for(expected.dtype)
+        rtol, atol = tol.rtol, tol.atol
+        close = torch.isclose(actual_cpu, expected_cpu, rtol=rtol, atol=atol, equal_nan=True)
+        mismatch = ~close
+        mode = f"rtol={rtol:g}, atol={atol:g} ({tol.why})"
+    count = int(mismatch.sum())
+    if count == 0:
+        return None
+    total = mismatch.numel()
+    if actual_cpu.dtype == torch.bool:
+        diff = (actual_cpu != expected_cpu).to(torch.int64)
+    else:
+        diff = (actual_cpu.to(torch.float64) - expected_cpu.to(torch.float64)).abs()
+    diff = torch.where(mismatch, diff.to(torch.float64), torch.zeros((), dtype=torch.float64))
+    flat_index = int(diff.flatten().nan_to_num(float("inf")).argmax())
+    index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat_index), actual_cpu.shape))
+    got, want = actual_cpu[index].item(), expected_cpu[index].item()
+    return (
+        f"tensors differ{label} ({mode}): {count} / {total} elements mismatch ({100.0 * count / total:.1f}%); "
+        f"greatest absolute difference {float(diff.flatten()[flat_index]):.6g} at index {index} "
+        f"(actual {got!r}, expected {want!r}); shape {tuple(actual.shape)}, dtype {actual.dtype}"
+    )
+
+
+def _walk(actual: Any, expected: Any, *, exact: bool, where: str, problems: list[str]) -> None:
+    if isinstance(expected, torch.Tensor):
+        message = describe_mismatch(actual, expected, exact=exact, where=where or "output")
+        if message:
+            problems.append(message)
+    elif isinstance(expected, Mapping):
+        if not isinstance(actual, Mapping) or set(actual) != set(expected):
+            problems.append(f"keys differ at {where or 'output'}: actual {_keys(actual)} vs expected {sorted(map(str, expected))}")
+            return
+        for key in expected:
+            _walk(actual[key], expected[key], exact=exact, where=f"{where}[{key!r}]", problems=problems)
+    elif isinstance(expected, (tuple, list)):
+        if not isinstance(actual, (tuple, list)) or len(actual) != len(expected):
+            problems.append(f"structure differs at {where or 'output'}: actual {_shape_of(actual)} vs expected {_shape_of(expected)}")
+            return
+        for i, (a, e) in enumerate(zip(actual, expected)):
+            _walk(a, e, exact=exact, where=f"{where}[{i}]", problems=problems)
+    elif dataclasses.is_dataclass(expected) and not isinstance(expected, type):
+        for field in dataclasses.fields(expected):
+            _walk(getattr(actual, field.name, _MISSING), getattr(expected, field.name), exact=exact,
+                  where=f"{where}.{field.name}", problems=problems)
+    elif actual is _MISSING or actual != expected:
+        problems.append(f"values differ at {where or 'output'}: actual {actual!r} vs expected {expected!r}")
+
+
+_MISSING = object()
+
+
+def _keys(value: Any) -> Any:
+    return sorted(map(str, value)) if isinstance(value, Mapping) else type(value).__name__
+
+
+def _shape_of(value: Any) -> str:
+    if isinstance(value, (tuple, list)):
+        return f"{type(value).__name__} of {len(value)}"
+    return type(value).__name__
+
+
+def assert_equivalent(actual: Any, expected: Any, *, exact: bool, context: Mapping[str, Any] | None = None) -> None:
+    """Assert that ``actual`` matches ``expected`` leaf by leaf.
+
+    ``exact=True`` compares bits (use it for copies and order-preserving computations);
+    ``exact=False`` uses :data:`TOLERANCES` for floating dtypes and exact equality for the rest.
+    ``context`` is appended to the failure message: put the implementation, the seed, the
+    shapes and a reproducing command there.
+    """
+    problems: list[str] = []
+    _walk(actual, expected, exact=exact, where="", problems=problems)
+    if problems:
+        shown = problems[:5]
+        more = f"\n  ... and {len(problems) - 5} more" if len(problems) > 5 else ""
+        raise MismatchError("\n".join(shown) + more + _format_context(context))

@@ -1,0 +1,63 @@
+"""Every exception the harness raises on purpose, in one place.
+
+Catch :class:`HarnessError` to catch them all. Each one names the problem in words a user can act
+on; none of them should ever surface as a traceback from deep inside torch.
+"""
+
+__all__ = [
+    "HarnessError",
+    "UsageError",
+    "ImplementationError",
+    "CaptureError",
+    "ReplayError",
+    "GraphHazardError",
+    "DiscoveryError",
+    "BatchError",
+    "BucketError",
+    "GatherContractError",
+    "MismatchError",
+]
+
+
+class HarnessError(Exception):
+    """Base class of every error the harness raises deliberately."""
+
+
+class UsageError(HarnessError, ValueError):
+    """A bad option or argument: unknown backend, a GPU asked for where there is none, ..."""
+
+
+class ImplementationError(HarnessError):
+    """An implementation under test could not be loaded or has the wrong shape (``--impl``)."""
+
+
+class CaptureError(HarnessError, RuntimeError):
+    """A graph capture failed: an op that cannot be captured, a nested capture, a backend error."""
+
+
+class ReplayError(HarnessError, RuntimeError):
+    """A replay could not run as captured (a break changed its output's shape, a nested replay)."""
+
+
+class GraphHazardError(ReplayError):
+    """A replay would read memory whose owner released it; on CUDA that memory may hold other data."""
+
+
+class DiscoveryError(HarnessError, LookupError):
+    """The transformer layer stack could not be found (strict discovery)."""
+
+
+class BatchError(HarnessError, ValueError):
+    """A batch description is invalid: no request, a length of zero or less, ..."""
+
+
+class BucketError(HarnessError, LookupError):
+    """No captured bucket fits the batch, or a bucket that was asked for does not exist."""
+
+
+class GatherContractError(HarnessError, ValueError):
+    """Gather inputs outside the documented contract (index dtype, rank, out-of-range values)."""
+
+
+class MismatchError(HarnessError, AssertionError):
+    """Actual and expected values differ beyond the allowed tolerance."""

@@ -1,0 +1,78 @@
+"""Graph backends behind one small interface, and breakable graphs on top of them.
+
+``get_backend("auto" | "cuda" | "emulated")`` picks a backend; ``GraphCapturer(backend)`` captures
+functions into :class:`BreakableGraph` objects; :func:`eager_on_graph` and :func:`break_graph`
+mark where a capture breaks for eager work.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from harness import impls
+from harness.errors import ImplementationError, UsageError
+from harness.graphs._backend import GraphBackend
+from harness.graphs._breakable import (
+    Break,
+    BreakableGraph,
+    CaptureSession,
+    GraphCapturer,
+    break_graph,
+    eager_on_graph,
+    is_capturing,
+    write_back,
+)
+from harness.graphs._cuda import CudaBackend
+from harness.graphs._emulated import EmulatedBackend
+
+__all__ = [
+    "BACKEND_NAMES",
+    "GraphBackend",
+    "CudaBackend",
+    "EmulatedBackend",
+    "get_backend",
+    "GraphCapturer",
+    "BreakableGraph",
+    "CaptureSession",
+    "Break",
+    "eager_on_graph",
+    "break_graph",
+    "is_capturing",
+    "write_back",
+]
+
+BACKEND_NAMES = ("auto", "cuda", "emulated")
+
+
+def get_backend(name: str = "auto", *, device: torch.device | str | None = None) -> GraphBackend:
+    """Return the backend called ``name``; ``auto`` is ``cuda`` when a GPU is present, else ``emulated``."""
+    if name not in BACKEND_NAMES:
+        raise UsageError(f"unknown graph backend {name!r}; choose one of {', '.join(BACKEND_NAMES)}")
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "emulated"
+    if name == "cuda":
+        if not torch.cuda.is_available():
+            raise UsageError(
+                "graph backend 'cuda' was requested but torch sees no CUDA device "
+                f"(torch {torch.__version__}, built with CUDA {torch.version.cuda}); use --graph-backend emulated"
+            )
+        return CudaBackend(device)
+    return EmulatedBackend()
+
+
+def _validate_capturer_factory(candidate: Any, spec: str) -> Any:
+    """A ``graphs`` implementation is a callable ``factory(backend)`` returning an object with ``capture``."""
+    if not callable(candidate):
+        raise ImplementationError(
+            f"--impl {spec}: expected a class or factory taking a graph backend and returning an object with "
+            f"capture(fn, *, pool=None) and new_pool(); got {type(candidate).__name__}"
+        )
+    return candidate
+
+
+impls.register_component(
+    "graphs", validator=_validate_capturer_factory, providers=["harness.mutants.graphs"]
+)
+impls.register("graphs", "reference", GraphCapturer)

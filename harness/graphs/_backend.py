@@ -1,0 +1,59 @@
+"""The graph-backend interface: what a backend must provide for captures and replays.
+
+A backend records *segments*: stretches of work between ``begin_segment`` and ``end``. The
+breakable capture in :mod:`harness.graphs._breakable` strings segments and eager breaks together;
+a plain capture is a breakable capture without breaks. Backends never see breaks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterator, Protocol
+
+__all__ = ["GraphBackend", "SegmentRecording", "Segment"]
+
+
+class Segment(Protocol):
+    """A recorded stretch of device work."""
+
+    def replay(self) -> None: ...
+
+
+class SegmentRecording(Protocol):
+    """A segment being recorded; exactly one of ``end`` or ``abort`` is called."""
+
+    def end(self) -> Segment: ...
+
+    def abort(self) -> None: ...
+
+
+class GraphBackend:
+    """Base class of graph backends. Override every method that raises ``NotImplementedError``.
+
+    ``translate_errors`` is safe to override: it turns a backend's own capture failure into
+    :class:`~harness.errors.CaptureError` so that every backend gives the same verdict.
+    """
+
+    name = "abstract"
+
+    def new_pool(self) -> Any:
+        """A memory pool shared by the segments (and graphs) captured with it."""
+        raise NotImplementedError
+
+    def warm_up(self, fn: Callable[[], Any]) -> None:
+        """Run ``fn`` eagerly once before a capture (lazy initialisation, autotuning, compiles)."""
+        raise NotImplementedError
+
+    @contextlib.contextmanager
+    def capture_context(self) -> Iterator[None]:
+        """Held for the whole capture (segments and the breaks between them)."""
+        yield
+
+    def begin_segment(self, pool: Any) -> SegmentRecording:
+        raise NotImplementedError
+
+    def translate_errors(self, error: BaseException) -> BaseException:
+        return error
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r}>"

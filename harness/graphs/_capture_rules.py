@@ -1,0 +1,71 @@
+"""Which ATen ops cannot be captured in a CUDA graph, stated once for every backend.
+
+CUDA rejects, during stream capture, anything that synchronises with the host or whose output
+shape depends on tensor values (the host would have to read the data to allocate the output).
+The emulated backend enforces this list itself so a CPU run fails exactly where a GPU run would.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from harness.errors import CaptureError
+
+__all__ = ["check_capturable", "HOST_SYNC_OPS"]
+
+# Op packet names (``func.overloadpacket.__name__``) that read device data on the host or produce
+# a data-dependent shape.
+HOST_SYNC_OPS = frozenset(
+    {
+        "_local_scalar_dense",  # .item(), float(t), int(t), bool(t)
+        "item",
+        "is_nonzero",
+        "equal",
+        "nonzero",
+        "argwhere",
+        "masked_select",
+        "unique",
+        "_unique",
+        "_unique2",
+        "unique_dim",
+        "unique_consecutive",
+        "unique_dim_consecutive",
+        "bincount",
+        "_assert_async",
+        "_assert_scalar",
+    }
+)
+
+
+def _has_bool_index(args: tuple[Any, ...]) -> bool:
+    indices = args[1] if len(args) > 1 else ()
+    return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices or ())
+
+
+def check_capturable(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Raise :class:`CaptureError` naming ``func`` when CUDA would refuse it during capture."""
+    name = func.overloadpacket.__name__
+    reason = None
+    if name in HOST_SYNC_OPS:
+        reason = "it synchronises with the host or has a data-dependent output shape"
+    elif name == "repeat_interleave" and kwargs.get("output_size") is None and len(args) < 3:
+        reason = "repeat_interleave without output_size has a data-dependent output shape"
+    elif name in ("index", "index_put", "index_put_", "_index_put_impl_") and _has_bool_index(args):
+        reason = "boolean-mask indexing has a data-dependent output shape (it calls nonzero)"
+    elif name in ("_to_copy", "copy_", "to"):
+        source = args[1] if name == "copy_" else args[0]
+        target_device = args[0].device if name == "copy_" else kwargs.get("device")
+        if (
+            isinstance(source, torch.Tensor)
+            and source.device.type != "cpu"
+            and target_device is not None
+            and torch.device(target_device).type == "cpu"
+        ):
+            reason = "it copies device memory to the host"
+    if reason:
+        raise CaptureError(
+            f"aten.{name} cannot be captured in a graph: {reason}. Move it out of the captured "
+            "region (compute it before capture, or run it in an eager break)."
+        )

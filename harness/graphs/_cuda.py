@@ -1,0 +1,108 @@
+"""The CUDA graph backend: real ``torch.cuda.CUDAGraph`` segments.
+
+Warm-up runs on a side stream (lazy cuBLAS handles, autotuning and compiles must not happen during
+capture). All segments of a capture, and all graphs that share a pool, allocate from one CUDA
+graph memory pool. The whole capture, breaks included, runs on one capture stream that first
+waits for the caller's stream; the caller's stream waits for it again when each segment ends, so
+work forked onto the capture stream is joined before anything after the segment runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterator
+
+import torch
+
+from harness.errors import CaptureError
+from harness.graphs._backend import GraphBackend
+
+__all__ = ["CudaBackend"]
+
+# Fragments of the messages CUDA and torch produce when capture meets a forbidden operation.
+_CAPTURE_FAILURE_MARKERS = (
+    "capturing",
+    "stream capture",
+    "cudaErrorStreamCapture",
+    "not permitted when stream is capturing",
+    "operation not permitted",
+)
+
+
+class _CudaSegment:
+    def __init__(self, graph: torch.cuda.CUDAGraph) -> None:
+        self.graph = graph
+
+    def replay(self) -> None:
+        self.graph.replay()
+
+
+class _CudaRecording:
+    def __init__(self, backend: "CudaBackend", pool: Any) -> None:
+        self.backend = backend
+        self.graph = torch.cuda.CUDAGraph()
+        self.graph.capture_begin(pool=pool)
+
+    def end(self) -> _CudaSegment:
+        self.graph.capture_end()
+        self.backend.join_capture_stream()
+        return _CudaSegment(self.graph)
+
+    def abort(self) -> None:
+        # A failed capture leaves the stream in capture mode; ending it may raise "invalidated".
+        try:
+            self.graph.capture_end()
+        except RuntimeError:
+            pass
+        self.backend.join_capture_stream()
+
+
+class CudaBackend(GraphBackend):
+    name = "cuda"
+
+    def __init__(self, device: torch.device | str | None = None) -> None:
+        self.device = torch.device(device or "cuda")
+        self._capture_stream: torch.cuda.Stream | None = None
+        self._caller_stream: torch.cuda.Stream | None = None
+
+    def new_pool(self) -> Any:
+        return torch.cuda.graph_pool_handle()
+
+    def warm_up(self, fn: Callable[[], Any]) -> None:
+        side = torch.cuda.Stream(device=self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            fn()
+        torch.cuda.current_stream(self.device).wait_stream(side)
+
+    @contextlib.contextmanager
+    def capture_context(self) -> Iterator[None]:
+        torch.cuda.synchronize(self.device)
+        self._caller_stream = torch.cuda.current_stream(self.device)
+        self._capture_stream = torch.cuda.Stream(device=self.device)
+        self._capture_stream.wait_stream(self._caller_stream)
+        try:
+            with torch.cuda.device(self.device), torch.cuda.stream(self._capture_stream):
+                yield
+        finally:
+            self._caller_stream.wait_stream(self._capture_stream)
+            self._capture_stream = self._caller_stream = None
+
+    def join_capture_stream(self) -> None:
+        if self._caller_stream is not None and self._capture_stream is not None:
+            self._caller_stream.wait_stream(self._capture_stream)
+
+    def begin_segment(self, pool: Any) -> _CudaRecording:
+        return _CudaRecording(self, pool)
+
+    def translate_errors(self, error: BaseException) -> BaseException:
+        text = str(error)
+        if isinstance(error, RuntimeError) and not isinstance(error, CaptureError) and any(
+            marker in text for marker in _CAPTURE_FAILURE_MARKERS
+        ):
+            return CaptureError(
+                "CUDA refused an operation during graph capture (a host synchronisation such as .item(), "
+                "a data-dependent shape such as nonzero, or a copy to the host). CUDA said: "
+                + text.strip().splitlines()[0]
+            )
+        return error

@@ -1,0 +1,189 @@
+"""The emulated graph backend: CUDA-graph semantics without a GPU.
+
+Capture records every ATen op that runs (a ``TorchDispatchMode``); replay runs the recorded op list
+again on the same tensors. What that reproduces of CUDA graphs:
+
+* Python control flow and Python scalars are frozen at capture: only ATen ops are replayed.
+* The graph reads the captured tensors only. Refilling a static input in place changes the next
+  replay; a new tensor object handed in later is never seen; views of static inputs see new data.
+* Tensors an op created during capture are refreshed in place at replay (their memory is the
+  graph's, like a CUDA graph's private pool), so downstream ops and the caller see new values.
+* Random ops draw fresh numbers at every replay, as CUDA's philox offsets advance.
+* Ops CUDA refuses during capture (host syncs, data-dependent shapes, copies to the host; see
+  :mod:`harness.graphs._capture_rules`) raise :class:`~harness.errors.CaptureError` naming the op.
+* A tensor that came from outside the capture is held weakly. If its owner releases it, the next
+  replay raises :class:`~harness.errors.GraphHazardError`: on CUDA its memory could be reused.
+
+Where the emulation differs from CUDA, knowingly:
+
+* ``torch.compile``d code runs eagerly while capturing (Dynamo skips frames under a dispatch mode),
+  so the replayed ops are the eager decomposition, not the fused kernels; results are bitwise
+  those of eager execution, whereas CUDA replays the compiled kernels.
+* Replay allocates each op's result and copies it into the captured tensor, so it is slower than
+  eager and peak memory is higher; memory reuse inside the pool is not modelled.
+* Streams and events are ignored (CPU work is ordered), so missing stream joins go unnoticed.
+* A released external tensor is detected, not corrupted: CUDA would silently read reused memory.
+* Ops that mutate tensor metadata (``resize_``, ``set_``) replay, but a shape change of a captured
+  tensor between capture and replay is not refused as CUDA's fixed addresses would imply.
+* The capture-time run is itself real work: its outputs are valid, as after CUDA's warm-up.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from harness.errors import GraphHazardError
+from harness.graphs._backend import GraphBackend
+from harness.graphs._capture_rules import check_capturable
+
+__all__ = ["EmulatedBackend"]
+
+
+def _storage_key(tensor: torch.Tensor) -> int | None:
+    try:
+        return tensor.untyped_storage()._cdata
+    except (RuntimeError, NotImplementedError):  # sparse, nested, meta without storage
+        return None
+
+
+class _EmulatedPool:
+    """Stands for a CUDA graph pool: remembers which storages captures in it allocated."""
+
+    def __init__(self) -> None:
+        self.owned_storages: set[int] = set()
+
+
+@dataclasses.dataclass
+class _ExternalTensor:
+    """A tensor the capture did not allocate, held weakly as CUDA holds only its address."""
+
+    storage: StorageWeakRef
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int
+    dtype: torch.dtype
+    device: torch.device
+
+    @classmethod
+    def of(cls, tensor: torch.Tensor) -> "_ExternalTensor":
+        return cls(
+            StorageWeakRef(tensor.untyped_storage()), tuple(tensor.shape), tuple(tensor.stride()),
+            tensor.storage_offset(), tensor.dtype, tensor.device,
+        )
+
+    def materialize(self, op_name: str) -> torch.Tensor:
+        storage = None if self.storage.expired() else torch.UntypedStorage._new_with_weak_ptr(self.storage.cdata)
+        if storage is None:
+            raise GraphHazardError(
+                f"replay reads a tensor of shape {self.size} and dtype {self.dtype} (input of {op_name}) that was "
+                "passed into the capture and has since been released by its owner; on CUDA that memory may "
+                "already hold other data. Keep static inputs alive as long as the graph."
+            )
+        with torch.no_grad():
+            return torch.empty((0,), dtype=self.dtype, device=self.device).set_(storage, self.offset, self.size, self.stride)
+
+
+@dataclasses.dataclass
+class _RecordedOp:
+    func: Any
+    spec: Any
+    leaves: list[Any]  # flattened (args, kwargs); external tensors as _ExternalTensor
+    refresh: list[tuple[int, torch.Tensor]]  # (position in the flat result, captured tensor to refresh)
+
+    def replay(self) -> None:
+        name = str(self.func)
+        leaves = [leaf.materialize(name) if isinstance(leaf, _ExternalTensor) else leaf for leaf in self.leaves]
+        args, kwargs = tree_unflatten(leaves, self.spec)
+        result = self.func(*args, **kwargs)
+        if self.refresh:
+            flat, _ = tree_flatten(result)
+            for position, captured in self.refresh:
+                captured.copy_(flat[position])
+
+
+class _EmulatedSegment:
+    def __init__(self, ops: list[_RecordedOp]) -> None:
+        self.ops = ops
+
+    def replay(self) -> None:
+        with torch.no_grad():
+            for op in self.ops:
+                op.replay()
+
+    def __repr__(self) -> str:
+        return f"<emulated segment of {len(self.ops)} ops>"
+
+
+class _Recorder(TorchDispatchMode):
+    def __init__(self, pool: _EmulatedPool) -> None:
+        super().__init__()
+        self.pool = pool
+        self.ops: list[_RecordedOp] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        check_capturable(func, args, kwargs)
+        result = func(*args, **kwargs)
+        leaves, spec = tree_flatten((args, kwargs))
+        input_storages = {_storage_key(leaf) for leaf in leaves if isinstance(leaf, torch.Tensor)}
+        recorded_leaves = [
+            _ExternalTensor.of(leaf)
+            if isinstance(leaf, torch.Tensor) and _storage_key(leaf) not in self.pool.owned_storages
+            and _storage_key(leaf) is not None
+            else leaf
+            for leaf in leaves
+        ]
+        refresh = []
+        flat_result, _ = tree_flatten(result)
+        for position, out in enumerate(flat_result):
+            if not isinstance(out, torch.Tensor):
+                continue
+            key = _storage_key(out)
+            if key in input_storages:  # a view or an in-place result: replaying the op updates it
+                continue
+            if key is not None:
+                self.pool.owned_storages.add(key)
+            if func.overloadpacket.__name__ not in ("lift_fresh", "lift_fresh_copy"):
+                refresh.append((position, out))
+        if func.overloadpacket.__name__ in ("lift_fresh",):
+            # torch.tensor(...) constants: their storage is made outside dispatch but belongs to the graph.
+            for out in flat_result:
+                if isinstance(out, torch.Tensor) and _storage_key(out) is not None:
+                    self.pool.owned_storages.add(_storage_key(out))
+            return result
+        self.ops.append(_RecordedOp(func, spec, recorded_leaves, refresh))
+        return result
+
+
+class _EmulatedRecording:
+    def __init__(self, pool: _EmulatedPool) -> None:
+        self.recorder = _Recorder(pool)
+        self.recorder.__enter__()
+
+    def end(self) -> _EmulatedSegment:
+        self.recorder.__exit__(None, None, None)
+        return _EmulatedSegment(self.recorder.ops)
+
+    def abort(self) -> None:
+        self.recorder.__exit__(None, None, None)
+
+
+class EmulatedBackend(GraphBackend):
+    """CPU (or any device) stand-in for CUDA graphs; see the module docstring for its limits."""
+
+    name = "emulated"
+
+    def new_pool(self) -> _EmulatedPool:
+        return _EmulatedPool()
+
+    def warm_up(self, fn: Callable[[], Any]) -> None:
+        fn()
+
+    def begin_segment(self, pool: _EmulatedPool) -> _EmulatedRecording:
+        return _EmulatedRecording(pool)

@@ -1,0 +1,1 @@
+"""Mutants of the ``graphs`` component (filled in with the suites)."""

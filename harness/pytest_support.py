@@ -1,0 +1,132 @@
+"""Pytest glue: option handling, implementation selection, hypothesis profiles, reproduction lines.
+
+The only module of the harness that imports pytest; the root ``conftest.py`` wires it in.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import HealthCheck, settings
+from hypothesis.database import DirectoryBasedExampleDatabase
+
+from harness import impls
+from harness.errors import HarnessError, UsageError
+from harness.graphs import BACKEND_NAMES, GraphBackend, get_backend
+
+__all__ = [
+    "add_options",
+    "configure",
+    "resolve_device",
+    "resolve_backend",
+    "selected_implementation",
+    "reproduce_command",
+    "register_hypothesis_profiles",
+]
+
+
+def add_options(parser: pytest.Parser) -> None:
+    group = parser.getgroup("harness", "LLM graph-optimisation harness")
+    group.addoption("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                    help="device for tensors and models (auto: cuda when present)")
+    group.addoption("--graph-backend", choices=BACKEND_NAMES, default="auto",
+                    help="graph backend (auto: cuda on a CUDA device, else emulated)")
+    group.addoption("--impl", action="append", default=[], metavar="COMPONENT=SPEC",
+                    help="implementation under test, e.g. gather=mypkg.kernels:gather or graphs=mutant:skip-break")
+
+
+def register_hypothesis_profiles() -> None:
+    common = dict(deadline=None, print_blob=True,
+                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
+                                         HealthCheck.data_too_large])
+    settings.register_profile("dev", max_examples=10, **common)
+    settings.register_profile("ci", max_examples=25, derandomize=True, database=None, **common)
+    settings.register_profile(
+        "nightly", max_examples=400,
+        database=DirectoryBasedExampleDatabase(os.path.join(".hypothesis", "nightly")), **common,
+    )
+    # An explicit --hypothesis-profile wins; it is applied by hypothesis' own plugin after this.
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev"))
+
+
+def _set_up_xdist_worker() -> None:
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if not worker:
+        return
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    # Workers sharing a few cores must not each start a full intra-op thread pool.
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, workers)))
+    if torch.cuda.is_available() and torch.cuda.device_count() > 1:
+        torch.cuda.set_device(int(worker.removeprefix("gw")) % torch.cuda.device_count())
+
+
+def resolve_device(option: str) -> torch.device:
+    if option == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if option == "cuda" and not torch.cuda.is_available():
+        raise UsageError(
+            f"--device cuda was requested but torch {torch.__version__} sees no CUDA device; "
+            "run on a GPU runner or use --device cpu"
+        )
+    return torch.device(option)
+
+
+def resolve_backend(option: str, device: torch.device) -> GraphBackend:
+    if option == "cuda" and device.type != "cuda":
+        if torch.cuda.is_available():
+            device = torch.device("cuda")
+        else:
+            raise UsageError(
+                "--graph-backend cuda was requested but torch sees no CUDA device; use --graph-backend emulated"
+            )
+    if option == "auto":
+        option = "cuda" if device.type == "cuda" else "emulated"
+    return get_backend(option, device=device if device.type == "cuda" else None)
+
+
+def configure(config: pytest.Config) -> None:
+    """Validate options once, so a bad one is a usage error and not a failure in every test."""
+    _set_up_xdist_worker()
+    try:
+        device = resolve_device(config.getoption("--device"))
+        backend = resolve_backend(config.getoption("--graph-backend"), device)
+        selected: dict[str, str] = {}
+        for option in config.getoption("--impl"):
+            component, spec = impls.parse_impl_option(option)
+            selected[component] = spec
+            impls.load(component, spec)  # fail now, with the reason, rather than in each test
+    except HarnessError as error:
+        raise pytest.UsageError(str(error)) from None
+    config.harness_device = device  # type: ignore[attr-defined]
+    config.harness_backend = backend  # type: ignore[attr-defined]
+    config.harness_impls = selected  # type: ignore[attr-defined]
+
+
+def selected_implementation(config: pytest.Config, component: str) -> impls.Implementation:
+    return impls.load(component, config.harness_impls.get(component, "reference"))  # type: ignore[attr-defined]
+
+
+def reproduce_command(request: pytest.FixtureRequest) -> str:
+    """The command line that reruns this test with the same device, backend and implementations."""
+    config = request.config
+    parts = ["pytest", request.node.nodeid, "--device", config.harness_device.type,  # type: ignore[attr-defined]
+             "--graph-backend", config.harness_backend.name]  # type: ignore[attr-defined]
+    for component, spec in config.harness_impls.items():  # type: ignore[attr-defined]
+        parts += ["--impl", f"{component}={spec}"]
+    return shlex.join(parts)
+
+
+def failure_context(request: pytest.FixtureRequest, **details: Any) -> dict[str, Any]:
+    """Context for :func:`harness.compare.assert_equivalent` failure messages."""
+    config = request.config
+    context: dict[str, Any] = {
+        "implementations": dict(config.harness_impls) or "reference",  # type: ignore[attr-defined]
+        "backend": config.harness_backend.name,  # type: ignore[attr-defined]
+    }
+    context.update(details)
+    context["reproduce"] = reproduce_command(request)
+    return context

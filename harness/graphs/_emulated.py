@@ -25,7 +25,9 @@ Where the emulation differs from CUDA, knowingly:
 * A released external tensor is detected, not corrupted: CUDA would silently read reused memory.
 * Ops that mutate tensor metadata (``resize_``, ``set_``) replay, but a shape change of a captured
   tensor between capture and replay is not refused as CUDA's fixed addresses would imply.
-* The capture-time run is itself real work: its outputs are valid, as after CUDA's warm-up.
+* The capture-time run executes for real and stands in for the warm-up, so tensor state after a
+  capture matches CUDA's (warm-up ran once, capture ran nothing). Python code inside ``fn`` runs
+  once per capture here, ``warmup_runs + 1`` times on CUDA; eager breaks run once here, twice there.
 """
 
 from __future__ import annotations
@@ -183,7 +185,9 @@ class EmulatedBackend(GraphBackend):
         return _EmulatedPool()
 
     def warm_up(self, fn: Callable[[], Any]) -> None:
-        fn()
+        # The recording run executes ``fn`` for real and is the warm-up: running it once more would
+        # apply in-place updates one time more than CUDA, where the capture itself executes nothing.
+        return None
 
     def begin_segment(self, pool: _EmulatedPool) -> _EmulatedRecording:
         return _EmulatedRecording(pool)

@@ -1,0 +1,246 @@
+"""Breakable graphs: counts, order, eager re-execution and in-place writeback of break outputs."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from harness.compare import assert_equivalent
+from harness.errors import ReplayError
+from harness.graphs import break_graph, eager_on_graph, is_capturing
+
+
+class _Pack:
+    """An object with tensor attributes and a plain attribute, as engines return from attention."""
+
+    def __init__(self, values: torch.Tensor, step: int) -> None:
+        self.values = values
+        self.step = step
+
+
+def test_counts_and_names(graphs_impl, make_tensor):
+    x = make_tensor(4, seed=1)
+
+    @eager_on_graph
+    def first(h):
+        return h + 1
+
+    @eager_on_graph
+    def second(h):
+        return h * 2
+
+    def fn():
+        h = first(x * 3)
+        break_graph()
+        return second(h) - 1
+
+    graph = graphs_impl.capture(fn)
+    assert (graph.segment_count, graph.break_count) == (4, 3)
+    assert [name.rsplit(".", 1)[-1] for name in graph.break_names] == ["first", "_empty_break", "second"]
+
+
+def test_segments_and_breaks_replay_in_capture_order(graphs_impl, make_tensor, exact):
+    x = make_tensor(5, seed=2)
+    log: list[str] = []
+
+    @eager_on_graph
+    def scale(h, tag):
+        log.append(tag)
+        return h * 10
+
+    def fn():
+        a = scale(x + 1, "a")
+        b = scale(a + 1, "b")
+        return b + 1
+
+    graph = graphs_impl.capture(fn)
+    x.copy_(make_tensor(5, seed=3))
+    log.clear()
+    result = graph.replay()
+    assert log == ["a", "b"]
+    assert_equivalent(result, ((x + 1) * 10 + 1) * 10 + 1, exact=exact)
+
+
+def test_break_reads_live_python_state_at_replay(graphs_impl, make_tensor, exact):
+    """Attention breaks read per-request metadata at replay: that state must not be frozen."""
+    x = make_tensor(6, seed=4)
+    live = {"scale": 2.0}
+
+    @eager_on_graph
+    def attention_like(h):
+        return h * live["scale"]
+
+    graph = graphs_impl.capture(lambda: attention_like(x + 1) + 1)
+    live["scale"] = -3.0
+    assert_equivalent(graph.replay(), (x + 1) * -3.0 + 1, exact=exact)
+
+
+def test_every_replay_reruns_every_break(graphs_impl, make_tensor):
+    x = make_tensor(3, seed=5)
+    calls = {"first": 0, "last": 0}
+
+    @eager_on_graph
+    def first(h):
+        calls["first"] += 1
+        return h + 1
+
+    @eager_on_graph
+    def last(h):
+        calls["last"] += 1
+        return h * 2
+
+    graph = graphs_impl.capture(lambda: last(first(x) + 1))
+    before = dict(calls)
+    graph.replay()
+    graph.replay()
+    assert calls == {"first": before["first"] + 2, "last": before["last"] + 2}
+
+
+@pytest.mark.parametrize("kind", ["tensor", "tuple", "list", "dict", "object"])
+def test_break_outputs_are_written_back_for_every_kind(graphs_impl, make_tensor, exact, kind):
+    x = make_tensor(4, 2, seed=6)
+    counter = {"n": 0}
+
+    @eager_on_graph
+    def produce(h):
+        counter["n"] += 1
+        double, triple = h * 2, h * 3
+        if kind == "tensor":
+            return double
+        if kind == "tuple":
+            return double, triple
+        if kind == "list":
+            return [double, triple, counter["n"]]
+        if kind == "dict":
+            result = {"double": double, "triple": triple, "calls": counter["n"]}
+            if counter["n"] > 1:
+                result["added_later"] = counter["n"]
+            return result
+        return _Pack(double, counter["n"])
+
+    def fn():
+        out = produce(x + 1)
+        if kind == "tensor":
+            return out, out + 1
+        if kind in ("tuple", "list"):
+            return out, out[0] + out[1]
+        if kind == "dict":
+            return out, out["double"] + out["triple"]
+        return out, out.values + 1
+
+    graph = graphs_impl.capture(fn)
+    x.copy_(make_tensor(4, 2, seed=7))
+    returned, downstream = graph.replay()
+    h = x + 1
+    if kind == "tensor":
+        assert_equivalent(returned, h * 2, exact=exact)
+        assert_equivalent(downstream, h * 2 + 1, exact=exact)
+    elif kind in ("tuple", "list"):
+        assert_equivalent(list(returned[:2]), [h * 2, h * 3], exact=exact)
+        assert_equivalent(downstream, h * 2 + h * 3, exact=exact)
+        if kind == "list":
+            assert returned[2] == counter["n"], "a non-tensor list entry kept its capture-time value"
+    elif kind == "dict":
+        assert_equivalent(returned["double"], h * 2, exact=exact)
+        assert returned["calls"] == counter["n"], "a non-tensor dict value kept its capture-time value"
+        assert returned.get("added_later") == counter["n"], "a key the break added at replay was dropped"
+        assert_equivalent(downstream, h * 2 + h * 3, exact=exact)
+    else:
+        assert_equivalent(returned.values, h * 2, exact=exact)
+        assert returned.step == counter["n"], "a non-tensor attribute kept its capture-time value"
+        assert_equivalent(downstream, h * 2 + 1, exact=exact)
+
+
+def test_break_changing_output_shape_at_replay_is_an_error(graphs_impl, make_tensor):
+    x = make_tensor(4, seed=8)
+    size = {"n": 4}
+
+    @eager_on_graph
+    def produce(h):
+        return h[: size["n"]] * 2
+
+    graph = graphs_impl.capture(lambda: produce(x) + 1)
+    size["n"] = 2
+    with pytest.raises(ReplayError, match="shape"):
+        graph.replay()
+
+
+def test_break_called_inside_a_break_runs_inline(graphs_impl, make_tensor, exact):
+    x = make_tensor(3, seed=9)
+
+    @eager_on_graph
+    def inner(h):
+        assert not is_capturing()
+        return h + 1
+
+    @eager_on_graph
+    def outer(h):
+        return inner(h) * 2
+
+    graph = graphs_impl.capture(lambda: outer(x) - 1)
+    assert graph.break_count == 1
+    x.copy_(make_tensor(3, seed=10))
+    assert_equivalent(graph.replay(), (x + 1) * 2 - 1, exact=exact)
+
+
+def test_disabled_break_is_captured_like_plain_code(graphs_impl, make_tensor, exact):
+    x = make_tensor(3, seed=11)
+
+    @eager_on_graph(enable=False)
+    def plain(h):
+        return h * 4
+
+    graph = graphs_impl.capture(lambda: plain(x) + 1)
+    assert graph.break_count == 0 and graph.segment_count == 1
+    x.copy_(make_tensor(3, seed=12))
+    assert_equivalent(graph.replay(), x * 4 + 1, exact=exact)
+
+
+def test_methods_can_be_breaks(graphs_impl, make_tensor, exact):
+    x = make_tensor(2, 4, seed=13)
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.offset = 0.5
+
+        @eager_on_graph
+        def attend(self, h):
+            return h + self.offset
+
+        def forward(self, h):
+            return self.attend(h * 2) * 3
+
+    block = Block()
+    graph = graphs_impl.capture(lambda: block(x))
+    assert graph.break_count == 1
+    block.offset = 1.5  # live Python state read by the eager break
+    assert_equivalent(graph.replay(), (x * 2 + 1.5) * 3, exact=exact)
+
+
+def test_outside_a_capture_a_break_is_a_plain_call(make_tensor):
+    x = make_tensor(3, seed=14)
+    marked = eager_on_graph(lambda h: h * 2)
+    assert not is_capturing()
+    assert_equivalent(marked(x), x * 2, exact=True)
+    break_graph()  # no capture: nothing to break, nothing raised
+
+
+def test_capture_state_is_per_thread(graphs_impl, make_tensor):
+    x = make_tensor(3, seed=15)
+    seen = {}
+
+    def other_thread():
+        seen["capturing"] = is_capturing()
+
+    def fn():
+        thread = threading.Thread(target=other_thread)
+        thread.start()
+        thread.join()
+        seen["here"] = is_capturing()
+        return x + 1
+
+    graphs_impl.capture(fn)
+    assert seen == {"capturing": False, "here": True}

@@ -55,3 +55,11 @@ def graphs_impl(pytestconfig: pytest.Config):
     """The ``graphs`` implementation under test, already bound to the selected backend."""
     factory = pytest_support.selected_implementation(pytestconfig, "graphs").obj
     return factory(pytestconfig.harness_backend)
+
+
+@pytest.fixture
+def snapshot(snapshot):
+    """Syrupy's snapshot, writing readable JSON goldens under golden/ (tensors compared within tolerance)."""
+    from harness.golden import GoldenExtension
+
+    return snapshot.use_extension(GoldenExtension)

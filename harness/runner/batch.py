@@ -1,0 +1,175 @@
+"""The batch description a forward runs on, and token-count buckets.
+
+:class:`ForwardBatch` is a small stand-in for an engine's forward batch: the packed token ids and
+positions of several requests, where each request starts, and what the caller wants back
+(hidden-state mode, all logits). :meth:`ForwardBatch.padded_to` pads it to a bucket;
+:func:`select_bucket` picks the smallest bucket that fits.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import enum
+from typing import Iterable, Mapping, Sequence
+
+import torch
+
+from harness.errors import BatchError, BucketError
+
+__all__ = ["HiddenMode", "ForwardBatch", "validate_buckets", "select_bucket"]
+
+
+class HiddenMode(str, enum.Enum):
+    """Which hidden states a forward returns: none, each request's last token, or every token."""
+
+    NONE = "none"
+    LAST = "last"
+    FULL = "full"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ForwardBatch:
+    """Packed tokens of ``num_requests`` requests, plus ``num_padding`` padding tokens at the end.
+
+    ``last_indices`` is a device tensor (each request's last token) so that graph-captured code can
+    follow it when it is refreshed in place. ``side_inputs`` maps a layer-stack keyword to a
+    per-token tensor. Build one with :meth:`from_lengths`; the constructor checks consistency.
+    """
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    seq_lens: tuple[int, ...]
+    start_offsets: tuple[int, ...]
+    last_indices: torch.Tensor
+    hidden_mode: HiddenMode = HiddenMode.NONE
+    all_logits: bool = False
+    side_inputs: Mapping[str, torch.Tensor] = dataclasses.field(default_factory=dict)
+    num_padding: int = 0
+
+    def __post_init__(self) -> None:
+        lengths = self.seq_lens
+        if not lengths:
+            raise BatchError("a batch needs at least one request; got an empty list of request lengths")
+        bad = [(i, n) for i, n in enumerate(lengths) if not isinstance(n, int) or n <= 0]
+        if bad:
+            index, length = bad[0]
+            raise BatchError(
+                f"request {index} has length {length!r}; every request needs at least one token "
+                f"(lengths {list(lengths)})"
+            )
+        expected_starts = tuple(sum(lengths[:i]) for i in range(len(lengths)))
+        if tuple(self.start_offsets) != expected_starts:
+            raise BatchError(f"start offsets {self.start_offsets} do not match request lengths {lengths}")
+        total = sum(lengths) + self.num_padding
+        for name, tensor in (("input_ids", self.input_ids), ("positions", self.positions),
+                             *((f"side input {k!r}", v) for k, v in self.side_inputs.items())):
+            if tensor.dim() < 1 or tensor.shape[0] != total:
+                raise BatchError(
+                    f"{name} has shape {tuple(tensor.shape)} but the batch has {sum(lengths)} tokens "
+                    f"+ {self.num_padding} padding; its first dimension must be {total}"
+                )
+        if tuple(self.last_indices.shape) != (len(lengths),):
+            raise BatchError(f"last_indices has shape {tuple(self.last_indices.shape)}, expected ({len(lengths)},)")
+        object.__setattr__(self, "hidden_mode", HiddenMode(self.hidden_mode))
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.seq_lens)
+
+    @property
+    def num_tokens(self) -> int:
+        """Real tokens, padding excluded."""
+        return sum(self.seq_lens)
+
+    @property
+    def device(self) -> torch.device:
+        return self.input_ids.device
+
+    @classmethod
+    def from_lengths(cls, lengths: Sequence[int], *, vocab_size: int, seed: int = 0,
+                     device: torch.device | str = "cpu", hidden_mode: HiddenMode | str = HiddenMode.NONE,
+                     all_logits: bool = False, side_inputs: Mapping[str, torch.Tensor] | None = None) -> "ForwardBatch":
+        """Requests of the given lengths, token ids drawn from ``seed``, positions from 0 in each."""
+        lengths = tuple(lengths)
+        if not lengths:
+            raise BatchError("a batch needs at least one request; got an empty list of request lengths")
+        for index, length in enumerate(lengths):
+            if not isinstance(length, int) or isinstance(length, bool) or length <= 0:
+                raise BatchError(
+                    f"request {index} has length {length!r}; every request needs at least one token "
+                    f"(lengths {list(lengths)})"
+                )
+        try:
+            mode = HiddenMode(hidden_mode)
+        except ValueError:
+            raise BatchError(
+                f"unknown hidden-state mode {hidden_mode!r}; choose one of {[m.value for m in HiddenMode]}"
+            ) from None
+        generator = torch.Generator().manual_seed(seed)
+        ids = torch.randint(0, vocab_size, (sum(lengths),), generator=generator)
+        positions = torch.cat([torch.arange(n) for n in lengths])
+        starts = tuple(sum(lengths[:i]) for i in range(len(lengths)))
+        last = torch.tensor([s + n - 1 for s, n in zip(starts, lengths)])
+        return cls(ids.to(device), positions.to(device), lengths, starts, last.to(device), mode, all_logits,
+                   dict(side_inputs or {}))
+
+    @classmethod
+    def dummy(cls, num_tokens: int, *, device: torch.device | str = "cpu") -> "ForwardBatch":
+        """One request of ``num_tokens`` zero tokens: what runners capture with."""
+        return cls.from_lengths([num_tokens], vocab_size=1, device=device)
+
+    def with_side_inputs(self, **tensors: torch.Tensor) -> "ForwardBatch":
+        return dataclasses.replace(self, side_inputs={**self.side_inputs, **tensors})
+
+    def padded_to(self, num_tokens: int) -> "ForwardBatch":
+        """This batch with zero tokens appended up to ``num_tokens`` (ids, positions, side inputs)."""
+        current = self.input_ids.shape[0]
+        if num_tokens < current:
+            raise BucketError(f"cannot pad a batch of {current} tokens down to {num_tokens}")
+        extra = num_tokens - current
+
+        def pad(tensor: torch.Tensor) -> torch.Tensor:
+            return torch.cat([tensor, tensor.new_zeros((extra, *tensor.shape[1:]))]) if extra else tensor
+
+        return dataclasses.replace(
+            self, input_ids=pad(self.input_ids), positions=pad(self.positions),
+            side_inputs={k: pad(v) for k, v in self.side_inputs.items()}, num_padding=self.num_padding + extra,
+        )
+
+    def describe(self) -> str:
+        """One line for failure messages: request lengths, padding, modes, side inputs."""
+        sides = f", side inputs {sorted(self.side_inputs)}" if self.side_inputs else ""
+        return (f"{self.num_requests} requests of lengths {list(self.seq_lens)} ({self.num_tokens} tokens"
+                f"{f' + {self.num_padding} padding' if self.num_padding else ''}), hidden_mode={self.hidden_mode}, "
+                f"all_logits={self.all_logits}{sides}")
+
+    def __repr__(self) -> str:
+        return f"ForwardBatch({self.describe()})"
+
+
+def validate_buckets(buckets: Iterable[int]) -> tuple[int, ...]:
+    """Sorted, distinct, positive token counts; raises :class:`BucketError` saying what is wrong."""
+    values = list(buckets)
+    if not values:
+        raise BucketError("no buckets given: a runner needs at least one token-count bucket")
+    for value in values:
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise BucketError(f"bucket {value!r} is not a positive token count (buckets {values})")
+    if len(set(values)) != len(values):
+        raise BucketError(f"buckets repeat a size: {values}")
+    return tuple(sorted(values))
+
+
+def select_bucket(num_tokens: int, buckets: Sequence[int]) -> int:
+    """The smallest of the sorted ``buckets`` that holds ``num_tokens``; :class:`BucketError` if none."""
+    index = bisect.bisect_left(buckets, num_tokens)
+    if index == len(buckets):
+        raise BucketError(
+            f"a batch of {num_tokens} tokens fits no bucket: the largest captured bucket is {buckets[-1]} "
+            f"(buckets {list(buckets)})"
+        )
+    return buckets[index]

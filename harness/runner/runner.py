@@ -1,0 +1,306 @@
+"""The reference layer-stack breakable-graph runner.
+
+Capture: discovery picks the layer stack; for each bucket, largest first, a dummy single-request
+forward of the whole model records the arguments the stack is called with (the *probe*), those
+become the bucket's static inputs, and ``layer_model.forward`` alone is captured on them, under
+``torch.no_grad()``, into one shared pool.
+
+Replay: the live batch is padded to its bucket; ``layer_model.forward`` is replaced by a closure
+that copies the live arguments into the static inputs, replays the graph and returns the captured
+hidden states; the outer model's forward runs eagerly around it with the live batch (so logits
+processing and anything else batch-size dependent stays out of the graph); the original forward is
+put back in ``finally``; outputs are sliced to the real token count and copied, so a later replay
+never overwrites what a caller holds.
+
+Seams a subclass may override, one behaviour each: :meth:`discover`, :meth:`bucket_for`,
+:meth:`autograd_off`, :meth:`patched_forward`, :meth:`pad`, :meth:`slice_output`,
+:meth:`hand_out`, and ``static_inputs_class`` (:meth:`StaticInputs.load`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+import torch
+from torch import nn
+
+from harness.errors import BucketError, CaptureError, ReplayError
+from harness.graphs import BreakableGraph
+from harness.models.context import forward_context
+from harness.runner.batch import ForwardBatch, HiddenMode, select_bucket, validate_buckets
+from harness.runner.discovery import DEFAULT_RULES, DiscoveryResult, DiscoveryRule, discover_layer_model
+
+__all__ = ["RunnerStats", "StaticInputs", "LayerStackRunner"]
+
+_ABSENT = object()
+
+
+@dataclasses.dataclass
+class RunnerStats:
+    """Counters: graphs captured, batches replayed (in total and per bucket), batches run eagerly."""
+
+    captures: int = 0
+    replays: int = 0
+    eager_fallbacks: int = 0
+    replays_by_bucket: dict[int, int] = dataclasses.field(default_factory=dict)
+
+
+class _ProbeDone(Exception):
+    """Stops the probe forward once the layer stack has been called."""
+
+
+@dataclasses.dataclass
+class StaticInputs:
+    """One bucket's captured graph and the static arguments it reads."""
+
+    bucket: int
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    batch: ForwardBatch | None
+    graph: BreakableGraph | None = None
+
+    def load(self, args: tuple[Any, ...], kwargs: dict[str, Any], *, copy_batch: bool) -> None:
+        """Copy the live arguments of a layer-stack call into the static ones.
+
+        Tensors are copied in place (the graph reads only the captured tensors); a batch's device
+        metadata is copied only when ``copy_batch`` (a fallback capture reads it inside the graph).
+        """
+        if len(args) != len(self.args) or set(kwargs) != set(self.kwargs):
+            raise ReplayError(
+                f"the layer stack was called with {len(args)} positional arguments and keywords {sorted(kwargs)} "
+                f"at replay but with {len(self.args)} and {sorted(self.kwargs)} at capture"
+            )
+        pairs = [(f"argument {i}", s, a) for i, (s, a) in enumerate(zip(self.args, args))]
+        pairs += [(f"keyword {k!r}", self.kwargs[k], v) for k, v in kwargs.items()]
+        for name, static, live in pairs:
+            _copy_into(name, static, live, copy_batch=copy_batch)
+
+
+def _copy_into(name: str, static: Any, live: Any, *, copy_batch: bool) -> None:
+    if isinstance(static, torch.Tensor):
+        if not isinstance(live, torch.Tensor) or live.shape != static.shape:
+            shape = tuple(live.shape) if isinstance(live, torch.Tensor) else type(live).__name__
+            raise ReplayError(f"layer-stack {name} is {shape} at replay but {tuple(static.shape)} at capture")
+        static.copy_(live)
+    elif isinstance(static, ForwardBatch):
+        if copy_batch:
+            if live.num_requests != static.num_requests:
+                raise ReplayError(
+                    f"the captured region reads a batch of {static.num_requests} request(s); cannot replay "
+                    f"{live.num_requests}"
+                )
+            static.last_indices.copy_(live.last_indices)
+    elif (static is None) != (live is None):
+        raise ReplayError(f"layer-stack {name} was {static!r} at capture but is {type(live).__name__} at replay")
+
+
+def _map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.replace(value, **{f.name: _map_tensors(getattr(value, f.name), fn)
+                                             for f in dataclasses.fields(value) if f.init})
+    if isinstance(value, (tuple, list)):
+        return type(value)(_map_tensors(item, fn) for item in value)
+    if isinstance(value, dict):
+        return {key: _map_tensors(item, fn) for key, item in value.items()}
+    return value
+
+
+class LayerStackRunner:
+    """Reference implementation of the ``runner`` component.
+
+    ``LayerStackRunner(model, buckets=(4, 8, 16), graphs=GraphCapturer(backend))`` discovers the
+    layer stack and captures every bucket. ``run(batch)`` replays when :meth:`can_run` and runs
+    eagerly otherwise; ``replay(batch)`` replays or raises. Outputs are fresh tensors.
+    ``static_inputs_class`` is the seam for how live arguments reach the static buffers.
+    """
+
+    static_inputs_class = StaticInputs
+
+    def __init__(self, model: nn.Module, *, buckets: Iterable[int], graphs: Any,
+                 strict_discovery: bool = False, rules: Sequence[DiscoveryRule] = DEFAULT_RULES,
+                 warmup_runs: int = 1) -> None:
+        self.model = model
+        self.buckets = validate_buckets(buckets)
+        self.graphs = graphs
+        self.strict_discovery = strict_discovery
+        self.rules = tuple(rules)
+        self.warmup_runs = warmup_runs
+        self.stats = RunnerStats()
+        self.discovery = self.discover(model)
+        self.layer_model = self.discovery.module
+        self._captured: dict[int, StaticInputs] = {}
+        self._in_replay = False
+        self.capture()
+
+    # -- seams -------------------------------------------------------------------------------
+
+    def discover(self, model: nn.Module) -> DiscoveryResult:
+        return discover_layer_model(model, rules=self.rules, strict=self.strict_discovery)
+
+    def bucket_for(self, num_tokens: int) -> int:
+        """The smallest bucket holding ``num_tokens``; :class:`BucketError` when none does."""
+        return select_bucket(num_tokens, self.buckets)
+
+    def autograd_off(self) -> contextlib.AbstractContextManager:
+        # Calling layer_model.forward directly skips the outer model's own no_grad, and compiled
+        # MoE kernels with out= reductions refuse to run under autograd.
+        return torch.no_grad()
+
+    @contextlib.contextmanager
+    def patched_forward(self, replacement: Callable[..., Any]) -> Iterator[None]:
+        """Replace ``layer_model.forward`` for the block; the original comes back whatever happens."""
+        layer = self.layer_model
+        original = layer.__dict__.get("forward", _ABSENT)
+        layer.forward = replacement
+        try:
+            yield
+        finally:  # also on BaseException: a KeyboardInterrupt must not leave the model patched
+            if original is _ABSENT:
+                del layer.forward
+            else:
+                layer.forward = original
+
+    def pad(self, batch: ForwardBatch, bucket: int) -> ForwardBatch:
+        return batch.padded_to(bucket)
+
+    def slice_output(self, output: Any, *, bucket: int, num_tokens: int) -> Any:
+        """Cut per-token outputs (leading dimension ``bucket``) back to the real ``num_tokens``."""
+        if num_tokens == bucket:
+            return output
+        return _map_tensors(output, lambda t: t[:num_tokens] if t.dim() and t.shape[0] == bucket else t)
+
+    def hand_out(self, output: Any) -> Any:
+        # Copies: outputs may alias the graph's static buffers, which the next replay overwrites.
+        return _map_tensors(output, lambda t: t.detach().clone())
+
+    # -- capture -----------------------------------------------------------------------------
+
+    def capture(self) -> None:
+        """Capture every bucket, largest first, into one pool."""
+        pool = self.graphs.new_pool()
+        for bucket in sorted(self.buckets, reverse=True):
+            static = self._probe(bucket)
+            forward = self.layer_model.forward
+
+            def step(static: StaticInputs = static, forward: Callable[..., Any] = forward) -> Any:
+                return forward(*static.args, **static.kwargs)
+
+            with self.autograd_off(), forward_context(static.batch):
+                static.graph = self.graphs.capture(step, pool=pool, warmup_runs=self.warmup_runs)
+            self._captured[bucket] = static
+            self.stats.captures += 1
+
+    def _probe(self, bucket: int) -> StaticInputs:
+        """Run the model on a dummy batch until it calls the layer stack; keep those arguments."""
+        dummy = ForwardBatch.dummy(bucket, device=self._device())
+        calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+
+        def record(*args: Any, **kwargs: Any) -> Any:
+            calls.append((args, kwargs))
+            raise _ProbeDone
+
+        with self.autograd_off(), self.patched_forward(record):
+            try:
+                self.model(dummy.input_ids, dummy.positions, dummy)
+            except _ProbeDone:
+                pass
+        if not calls:
+            raise CaptureError(
+                f"{type(self.model).__name__}.forward never called the discovered layer stack "
+                f"({self.discovery.path or '<root>'}, {type(self.layer_model).__name__})"
+            )
+        args, kwargs = calls[0]
+
+        def own(value: Any) -> Any:
+            return value.clone() if isinstance(value, torch.Tensor) else dummy if value is dummy else value
+
+        return self.static_inputs_class(bucket, tuple(own(a) for a in args), {k: own(v) for k, v in kwargs.items()}, dummy)
+
+    def _device(self) -> torch.device:
+        for tensor in self.model.parameters():
+            return tensor.device
+        return torch.device("cpu")
+
+    # -- running -----------------------------------------------------------------------------
+
+    def captured_buckets(self) -> tuple[int, ...]:
+        return tuple(sorted(self._captured))
+
+    def can_run(self, batch: ForwardBatch) -> bool:
+        """Whether :meth:`replay` can run ``batch``: a captured bucket fits, and, when discovery fell
+        back (the graph then holds the batch's Python-level choices), the batch matches the dummy:
+        one request, no hidden states, last-token logits only."""
+        try:
+            bucket = self.bucket_for(batch.num_tokens)
+        except BucketError:
+            return False
+        if bucket not in self._captured:
+            return False
+        if self.discovery.fell_back:
+            return batch.num_requests == 1 and batch.hidden_mode == HiddenMode.NONE and not batch.all_logits
+        return True
+
+    def run(self, batch: ForwardBatch) -> Any:
+        """Replay when :meth:`can_run`, else run the model eagerly (counted as a fallback)."""
+        self._refuse_nested()
+        if self.can_run(batch):
+            return self.replay(batch)
+        self.stats.eager_fallbacks += 1
+        with self.autograd_off():
+            return self.model(batch.input_ids, batch.positions, batch)
+
+    def replay(self, batch: ForwardBatch) -> Any:
+        """Replay ``batch`` through its bucket's graph; raises rather than running eagerly."""
+        self._refuse_nested()
+        bucket = self.bucket_for(batch.num_tokens)
+        static = self._captured.get(bucket)
+        if static is None:
+            raise BucketError(f"bucket {bucket} was not captured; captured buckets: {list(self.captured_buckets())}")
+        if self.discovery.fell_back and not self.can_run(batch):
+            raise ReplayError(
+                f"discovery fell back to {type(self.layer_model).__name__}, whose graph holds batch-size dependent "
+                f"code; it replays single-request batches without hidden states only, not {batch.describe()}"
+            )
+        padded = self.pad(batch, bucket)
+        copy_batch = self.discovery.fell_back
+
+        def replay_layer_forward(*args: Any, **kwargs: Any) -> Any:
+            static.load(args, kwargs, copy_batch=copy_batch)
+            return static.graph.replay()
+
+        self._in_replay = True
+        try:
+            with self.autograd_off(), forward_context(padded), self.patched_forward(replay_layer_forward):
+                output = self.model(padded.input_ids, padded.positions, padded)
+        finally:
+            self._in_replay = False
+        self.stats.replays += 1
+        self.stats.replays_by_bucket[bucket] = self.stats.replays_by_bucket.get(bucket, 0) + 1
+        return self.hand_out(self.slice_output(output, bucket=bucket, num_tokens=batch.num_tokens))
+
+    def _refuse_nested(self) -> None:
+        if self._in_replay:
+            raise ReplayError(
+                "replay inside a replay: the layer stack is patched and its static buffers are in use; "
+                "run the inner batch after the outer one returns"
+            )
+
+    def capture_plan(self) -> dict[str, Any]:
+        """Plain data describing what was captured: discovery, buckets in capture order, and each
+        graph's segment and break counts."""
+        return {
+            "discovery": self.discovery.summary(),
+            "buckets": list(self.buckets),
+            "graphs": {
+                str(bucket): {"segments": s.graph.segment_count, "breaks": s.graph.break_count}
+                for bucket, s in sorted(self._captured.items())
+            },
+        }
+
+    def __repr__(self) -> str:
+        return (f"<{type(self).__name__} layer stack {self.discovery.path or '<root>'} "
+                f"({type(self.layer_model).__name__}), buckets {list(self.buckets)}>")

@@ -10,6 +10,7 @@ work forked onto the capture stream is joined before anything after the segment 
 from __future__ import annotations
 
 import contextlib
+import warnings
 from typing import Any, Callable, Iterator
 
 import torch
@@ -26,6 +27,7 @@ _CAPTURE_FAILURE_MARKERS = (
     "cudaErrorStreamCapture",
     "not permitted when stream is capturing",
     "operation not permitted",
+    "during CUDA graph capture",
 )
 
 
@@ -44,7 +46,10 @@ class _CudaRecording:
         self.graph.capture_begin(pool=pool)
 
     def end(self) -> _CudaSegment:
-        self.graph.capture_end()
+        with warnings.catch_warnings():
+            # A segment between two adjacent breaks legitimately holds no kernels.
+            warnings.filterwarnings("ignore", message="The CUDA Graph is empty")
+            self.graph.capture_end()
         self.backend.join_capture_stream()
         return _CudaSegment(self.graph)
 

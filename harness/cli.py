@@ -1,0 +1,81 @@
+"""``python -m harness`` (also ``graph-harness``): selfcheck and benchmarks.
+
+    python -m harness selfcheck [--component C ...] [--graph-backend B] [--device D] [--jobs N] [--json PATH]
+    python -m harness bench gather [options of that benchmark]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from pathlib import Path
+
+from harness import impls
+from harness.errors import HarnessError
+from harness.graphs import BACKEND_NAMES
+
+__all__ = ["main"]
+
+BENCHMARKS = {"gather": "harness.gather.bench"}
+
+
+def _project_root() -> Path:
+    """The checkout holding ``suites/``: the current directory or the one above the package."""
+    for candidate in (Path.cwd(), Path(__file__).resolve().parent.parent):
+        if (candidate / "suites").is_dir():
+            return candidate
+    raise HarnessError("cannot find the suites/ folder: run this from the root of a harness checkout")
+
+
+def _selfcheck(arguments: argparse.Namespace) -> int:
+    from harness import selfcheck
+
+    available = list(impls.components())
+    chosen = arguments.component or available
+    unknown = [c for c in chosen if c not in available]
+    if unknown:
+        raise HarnessError(f"unknown component(s) {', '.join(unknown)}; known: {', '.join(available)}")
+    root = _project_root()
+    chosen = [c for c in chosen if (root / "suites" / c).is_dir()] or chosen
+    outcomes = selfcheck.run_selfcheck(components=chosen, graph_backend=arguments.graph_backend,
+                                       device=arguments.device, jobs=arguments.jobs, root=root)
+    print(selfcheck.format_matrix(outcomes))
+    if arguments.json:
+        selfcheck.write_json(outcomes, arguments.json)
+    return 0 if all(o.ok for o in outcomes) else 1
+
+
+def _bench(arguments: argparse.Namespace, rest: list[str]) -> int:
+    if arguments.target not in BENCHMARKS:
+        raise HarnessError(f"no benchmark called {arguments.target!r}; available: {', '.join(BENCHMARKS)}")
+    module = importlib.import_module(BENCHMARKS[arguments.target])
+    return int(module.main(rest) or 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m harness", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    check = commands.add_parser("selfcheck", help="run every mutant against its suites; fail if one survives")
+    check.add_argument("--component", action="append", help="limit to this component (repeatable)")
+    check.add_argument("--graph-backend", choices=BACKEND_NAMES, default="auto")
+    check.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    check.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="pytest processes at once")
+    check.add_argument("--json", help="also write the kill matrix as JSON here")
+    bench = commands.add_parser("bench", help="benchmarks that print a table and write JSON")
+    bench.add_argument("target", help=f"what to benchmark: {', '.join(BENCHMARKS)}")
+    arguments, rest = parser.parse_known_args(argv)
+    if arguments.command == "selfcheck" and rest:
+        parser.error(f"unrecognised arguments: {' '.join(rest)}")
+    try:
+        if arguments.command == "selfcheck":
+            return _selfcheck(arguments)
+        return _bench(arguments, rest)
+    except HarnessError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,153 @@
+"""Counting what a gather costs: compiled graphs (dynamo counters) and kernel launches (profiler).
+
+:func:`compile_accounting` measures, around a block, how many graphs dynamo compiled, how many frames
+it failed to convert (a silent fallback to eager, the recompile limit among them) and how many
+graph breaks it took. :func:`count_launches` runs a call under ``torch.profiler``: on CUDA it counts
+device kernels (and, apart, memcpy/memset); on the CPU, inductor's generated kernels are invisible
+to the profiler, so it counts what is visible: top-level ATen ops and compiled-region entries.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+from typing import Any, Callable, Iterator, Optional
+
+import torch
+from torch._dynamo.utils import counters
+
+__all__ = [
+    "COMPILED_GRAPH_BUDGET",
+    "CompileTally",
+    "compile_accounting",
+    "open_recompile_limit",
+    "LaunchCount",
+    "count_launches",
+]
+
+# The compiled reference specialises index counts 0 and 1 (dynamo never makes 0/1-sized dims
+# symbolic) and compiles one dynamic graph for every other count: three graphs per hidden-state
+# mode (hidden buffer given or None), for fixed buffer dtypes, layouts and index dtype.
+COMPILED_GRAPH_BUDGET = 6
+
+
+def _config_name(*names: str) -> str:
+    for name in names:
+        if hasattr(torch._dynamo.config, name):
+            return name
+    raise AttributeError(f"torch {torch.__version__} has none of torch._dynamo.config.{names}")
+
+
+@dataclasses.dataclass
+class CompileTally:
+    """What dynamo did inside a :func:`compile_accounting` block."""
+
+    graphs: int = 0
+    failed_frames: int = 0
+    graph_breaks: int = 0
+
+    @property
+    def fell_back(self) -> bool:
+        return self.failed_frames > 0 or self.graph_breaks > 0
+
+
+def _snapshot() -> tuple[int, int, int]:
+    frames = counters["frames"]
+    return (counters["stats"]["unique_graphs"], frames["total"] - frames["ok"],
+            sum(counters["graph_break"].values()))
+
+
+@contextlib.contextmanager
+def compile_accounting(*, fail_on_recompile_limit: bool = True) -> Iterator[CompileTally]:
+    """Count graphs, failed frames and graph breaks in the block.
+
+    ``fail_on_recompile_limit`` turns dynamo's silent fallback to eager, when a function exceeds
+    its recompile limit, into an exception, so a test sees it instead of measuring eager code.
+    """
+    tally = CompileTally()
+    before = _snapshot()
+    patch = {_config_name("fail_on_recompile_limit_hit", "fail_on_cache_limit_hit"): fail_on_recompile_limit}
+    try:
+        with torch._dynamo.config.patch(**patch):
+            yield tally
+    finally:
+        after = _snapshot()
+        tally.graphs, tally.failed_frames, tally.graph_breaks = (a - b for a, b in zip(after, before))
+
+
+@contextlib.contextmanager
+def open_recompile_limit(limit: int = 1024) -> Iterator[None]:
+    """Raise dynamo's recompile limits for a block that compiles many graphs on purpose.
+
+    Property tests vary dtypes and layouts, and each combination is a new graph; under the default
+    limit (8) a compiled candidate would silently run eagerly after the eighth and the tests would
+    check eager code. The stream a real engine sees is checked under the default limit instead.
+    """
+    patch = {
+        _config_name("recompile_limit", "cache_size_limit"): limit,
+        _config_name("accumulated_recompile_limit", "accumulated_cache_size_limit"): limit,
+        _config_name("fail_on_recompile_limit_hit", "fail_on_cache_limit_hit"): True,
+    }
+    with torch._dynamo.config.patch(**patch):
+        yield
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchCount:
+    """Per-call counts from :func:`count_launches`; ``kernels`` is None where it cannot be measured."""
+
+    device: str
+    kernels: Optional[float]
+    memory_ops: Optional[float]
+    aten_ops: float
+    compiled_regions: float
+    kernel_names: tuple[tuple[str, int], ...]
+
+    def summary(self) -> str:
+        if self.kernels is not None:
+            return f"{self.kernels:g} kernels/call ({self.memory_ops:g} memcpy/memset)"
+        return (f"kernels not measurable on {self.device}; {self.aten_ops:g} top-level ATen ops/call, "
+                f"{self.compiled_regions:g} compiled regions/call")
+
+
+_MEMORY_OP_PREFIXES = ("Memcpy", "Memset", "memcpy", "memset")
+
+
+def count_launches(fn: Callable[[], Any], *, device: torch.device | str, calls: int = 3) -> LaunchCount:
+    """Run ``fn`` ``calls`` times under the profiler and return the counts per call.
+
+    Call ``fn`` once before (compiles, lazy initialisation and autotuning are not launches of a
+    steady-state call).
+    """
+    device = torch.device(device)
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+        torch.cuda.synchronize(device)
+    with torch.profiler.profile(activities=activities) as profile:
+        for _ in range(calls):
+            fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    kernels: collections.Counter[str] = collections.Counter()
+    memory_ops = aten_ops = regions = 0
+    for event in profile.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            if event.name.startswith(_MEMORY_OP_PREFIXES):
+                memory_ops += 1
+            else:
+                kernels[event.name] += 1
+        elif event.cpu_parent is None and event.name.startswith("aten::"):
+            aten_ops += 1
+        elif event.name.startswith("Torch-Compiled Region"):
+            regions += 1
+    on_cuda = device.type == "cuda"
+    return LaunchCount(
+        device=str(device),
+        kernels=sum(kernels.values()) / calls if on_cuda else None,
+        memory_ops=memory_ops / calls if on_cuda else None,
+        aten_ops=aten_ops / calls,
+        compiled_regions=regions / calls,
+        kernel_names=tuple(sorted(kernels.items())),
+    )

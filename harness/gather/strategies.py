@@ -1,0 +1,62 @@
+"""Hypothesis strategies for gather cases: shapes, dtypes, layouts and seeds, never element values.
+
+Element values come from ``torch.Generator`` seeded by the drawn seed (see :mod:`harness.gather.cases`),
+which keeps examples small to shrink and reproducible from the failure report.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import torch
+from hypothesis import strategies as st
+
+from harness.gather.cases import INDEX_DTYPES, INDEX_LAYOUTS, SOURCE_LAYOUTS, BufferSpec, GatherCase, gather_dtypes
+
+__all__ = ["pools", "widths", "gather_cases", "MAX_BUFFER_ELEMENTS"]
+
+# Caps one buffer so a pool of 4096 with a 2049-wide hidden state stays cheap on a 2-core runner.
+MAX_BUFFER_ELEMENTS = 1 << 21
+
+# Edges first: pool 1 (every index is 0 or -1), pool 2, and the largest pool the contract names.
+pools = st.one_of(st.sampled_from([1, 2, 3, 4096]), st.integers(1, 4096))
+# Odd widths, powers of two, and widths above 1024 (a kernel's per-block width limit).
+widths = st.sampled_from([1, 2, 3, 7, 8, 16, 33, 64, 127, 1024, 1025, 2049])
+
+
+@st.composite
+def _buffer_spec(draw, *, dtypes: Sequence[torch.dtype], layouts: Sequence[str], rank: int) -> BufferSpec:
+    trailing = tuple(draw(widths) for _ in range(rank))
+    return BufferSpec(trailing, draw(st.sampled_from(list(dtypes))), draw(st.sampled_from(list(layouts))))
+
+
+@st.composite
+def gather_cases(draw, *, dtypes: Optional[Sequence[torch.dtype]] = None,
+                 layouts: Sequence[str] = SOURCE_LAYOUTS, with_hidden: Optional[bool] = None,
+                 max_pool: int = 4096) -> GatherCase:
+    """Cases over the whole in-process contract: valid, non-negative indices.
+
+    Negative and out-of-range indices are left to the subprocess suite: an unchecked candidate
+    kernel could crash the test process on them.
+    """
+    dtypes = tuple(dtypes or gather_dtypes())
+    pool = min(draw(pools), max_pool)
+    specs = [
+        draw(_buffer_spec(dtypes=dtypes, layouts=layouts, rank=1)),
+        draw(_buffer_spec(dtypes=dtypes, layouts=layouts, rank=1)),
+        draw(_buffer_spec(dtypes=dtypes, layouts=layouts, rank=0)),
+    ]
+    hidden = None
+    if with_hidden if with_hidden is not None else draw(st.booleans()):
+        hidden = draw(_buffer_spec(dtypes=dtypes, layouts=layouts, rank=draw(st.sampled_from([1, 1, 2]))))
+        specs.append(hidden)
+    widest = max(math.prod(spec.trailing) for spec in specs)
+    pool = max(1, min(pool, MAX_BUFFER_ELEMENTS // widest))
+    # Index counts from 0 to twice the pool: 0, 1, odd counts and duplicates all come up.
+    count = draw(st.one_of(st.sampled_from([0, 1, 2, 3]), st.integers(0, 2 * pool)))
+    return GatherCase(
+        pool=pool, count=count, seed=draw(st.integers(0, 2**32 - 1)),
+        index_dtype=draw(st.sampled_from(INDEX_DTYPES)), index_layout=draw(st.sampled_from(INDEX_LAYOUTS)),
+        topk_p=specs[0], topk_index=specs[1], output_tokens=specs[2], hidden=hidden,
+    )

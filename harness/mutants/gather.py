@@ -1,0 +1,125 @@
+"""Mutants of the ``gather`` component: each reproduces one bug class a hand-written or compiled
+gather kernel has had. The suites in ``suites/gather`` must kill every one."""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from harness import impls
+from harness.gather.reference import GatherOutputs, compiled_gather, eager_gather
+
+__all__: list[str] = []  # everything here is reached through the registry
+
+
+def _each(indices: torch.Tensor, buffers: tuple[Optional[torch.Tensor], ...], take) -> GatherOutputs:
+    return tuple(None if buf is None else take(indices, buf) for buf in buffers)  # type: ignore[return-value]
+
+
+def drops_hidden(indices, topk_p_buf, topk_index_buf, output_tokens_buf, hidden_states_buf) -> GatherOutputs:
+    topk_p, topk_index, bonus, _ = compiled_gather(indices, topk_p_buf, topk_index_buf, output_tokens_buf, None)
+    return topk_p, topk_index, bonus, None
+
+
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+def assumes_contiguous(indices, *buffers) -> GatherOutputs:
+    # A kernel that takes the data pointer and computes offsets from the shape alone.
+    def take(index, buf):
+        raw = buf.as_strided(buf.shape, _contiguous_strides(tuple(buf.shape)), buf.storage_offset())
+        return raw[index]
+
+    return _each(indices, buffers, take)
+
+
+def no_negative_wrap(indices, *buffers) -> GatherOutputs:
+    # index_select looks like a drop-in for buf[indices] but rejects negative indices.
+    return _each(indices, buffers, lambda index, buf: torch.index_select(buf, 0, index))
+
+
+def int32_offsets(indices, *buffers) -> GatherOutputs:
+    # Flat element offsets computed in 32 bits: index * row_width wraps around past 2**31, and an
+    # int64 index beyond 2**32 is truncated to a small, valid-looking one.
+    index32 = indices.to(torch.int32)
+
+    def take(index, buf):
+        width = math.prod(buf.shape[1:])
+        rows = buf.reshape(buf.shape[0], width).reshape(-1)
+        offsets = index32.unsqueeze(1) * width + torch.arange(width, dtype=torch.int32, device=buf.device)
+        return rows[offsets.reshape(-1).long()].reshape(index.shape[0], *buf.shape[1:])
+
+    return _each(indices, buffers, take)
+
+
+def aliases_full_arange(indices, *buffers) -> GatherOutputs:
+    # "Identity gather" shortcut: returns the buffers themselves (views) when every slot is read in order.
+    pool = buffers[0].shape[0]
+    if indices.numel() == pool and torch.equal(indices.long().cpu(), torch.arange(pool)):
+        return _each(indices, buffers, lambda index, buf: buf[:])
+    return compiled_gather(indices, *buffers)
+
+
+def writes_source(indices, topk_p_buf, topk_index_buf, output_tokens_buf, hidden_states_buf) -> GatherOutputs:
+    # The debug-build invalidation (slot := -1) leaking into the gather itself.
+    outputs = eager_gather(indices, topk_p_buf, topk_index_buf, output_tokens_buf, hidden_states_buf)
+    output_tokens_buf[indices] = -1
+    return outputs
+
+
+def drops_last_odd_row(indices, *buffers) -> GatherOutputs:
+    # A kernel vectorised over pairs of rows that never handles the tail row of an odd count.
+    even = indices.shape[0] - indices.shape[0] % 2
+
+    def take(index, buf):
+        out = torch.zeros((index.shape[0], *buf.shape[1:]), dtype=buf.dtype, device=buf.device)
+        out[:even] = buf[index[:even]]
+        return out
+
+    return _each(indices, buffers, take)
+
+
+_CACHE: dict[tuple, GatherOutputs] = {}
+
+
+def caches_by_shape(indices, *buffers) -> GatherOutputs:
+    # Memoised on shapes and buffer addresses, as if the indices never changed between steps.
+    key = (tuple(indices.shape), indices.dtype, indices.device,
+           tuple(None if b is None else (b.data_ptr(), tuple(b.shape), b.dtype) for b in buffers))
+    if key not in _CACHE:
+        _CACHE[key] = compiled_gather(indices, *buffers)
+    return _CACHE[key]
+
+
+def upcasts_hidden(indices, topk_p_buf, topk_index_buf, output_tokens_buf, hidden_states_buf) -> GatherOutputs:
+    topk_p, topk_index, bonus, hidden = compiled_gather(
+        indices, topk_p_buf, topk_index_buf, output_tokens_buf, hidden_states_buf)
+    return topk_p, topk_index, bonus, None if hidden is None else hidden.float()
+
+
+def int32_bonus_tokens(indices, topk_p_buf, topk_index_buf, output_tokens_buf, hidden_states_buf) -> GatherOutputs:
+    topk_p, topk_index, bonus, hidden = compiled_gather(
+        indices, topk_p_buf, topk_index_buf, output_tokens_buf, hidden_states_buf)
+    return topk_p, topk_index, bonus.to(torch.int32), hidden
+
+
+for _name, _fn, _bug in (
+    ("drops-hidden", drops_hidden, "returns hidden_states=None even when a hidden-states buffer is given"),
+    ("assumes-contiguous", assumes_contiguous, "reads raw storage with contiguous strides, ignoring the sources' layout"),
+    ("no-negative-wrap", no_negative_wrap, "negative indices are rejected instead of wrapping (index_select)"),
+    ("int32-offsets", int32_offsets, "casts indices to int32, so large offsets overflow and int64 indices truncate"),
+    ("aliases-full-arange", aliases_full_arange, "returns views aliasing the sources when the indices are a full arange"),
+    ("writes-source", writes_source, "writes the sentinel into output_tokens_buf at the gathered slots"),
+    ("drops-last-odd-row", drops_last_odd_row, "loses the last row (left zero) when the index count is odd"),
+    ("caches-by-shape", caches_by_shape, "reuses a cached result when only the index values change"),
+    ("upcasts-hidden", upcasts_hidden, "returns hidden states upcast to float32"),
+    ("int32-bonus-tokens", int32_bonus_tokens, "returns bonus_tokens as int32"),
+):
+    impls.register("gather", _name, _fn, kind="mutant", bug=_bug)

@@ -1,0 +1,72 @@
+"""The comparison module: verdicts against closed-form cases and the content of failure messages."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from harness.compare import TOLERANCES, assert_equivalent, tolerance_for
+from harness.errors import MismatchError
+
+
+def test_identical_structures_pass_bitwise():
+    x = torch.arange(12.0).reshape(3, 4)
+    assert_equivalent({"a": (x, None, 3), "b": [x.int()]}, {"a": (x.clone(), None, 3), "b": [x.int()]}, exact=True)
+
+
+def test_message_counts_mismatches_and_locates_the_largest():
+    expected = torch.zeros(4, 5)
+    actual = expected.clone()
+    actual[1, 2] = 0.5
+    actual[3, 4] = -2.0
+    with pytest.raises(MismatchError) as caught:
+        assert_equivalent(actual, expected, exact=True, context={"seed": 7, "reproduce": "pytest x"})
+    message = str(caught.value)
+    assert "2 / 20 elements mismatch" in message
+    assert "greatest absolute difference 2 at index (3, 4)" in message
+    assert re.search(r"seed: 7", message) and "reproduce: pytest x" in message
+
+
+def test_bitwise_distinguishes_signed_zero_and_tolerance_does_not():
+    with pytest.raises(MismatchError):
+        assert_equivalent(torch.tensor([-0.0]), torch.tensor([0.0]), exact=True)
+    assert_equivalent(torch.tensor([-0.0]), torch.tensor([0.0]), exact=False)
+
+
+@pytest.mark.parametrize("dtype", sorted(TOLERANCES, key=str))
+def test_tolerance_accepts_within_and_rejects_beyond(dtype):
+    tolerance = tolerance_for(dtype)
+    expected = torch.ones(8, dtype=dtype)
+    assert_equivalent(expected + tolerance.atol / 4, expected, exact=False)
+    with pytest.raises(MismatchError, match=re.escape(str(dtype))):
+        assert_equivalent(expected + 0.5, expected, exact=False)
+
+
+def test_integers_are_always_exact():
+    assert tolerance_for(torch.int64).atol == 0
+    with pytest.raises(MismatchError):
+        assert_equivalent(torch.tensor([1, 2]), torch.tensor([1, 3]), exact=False)
+
+
+@pytest.mark.parametrize(
+    ("actual", "expected", "pattern"),
+    [
+        (torch.zeros(2, 3), torch.zeros(3, 2), "shape mismatch"),
+        (torch.zeros(2, dtype=torch.float16), torch.zeros(2), "dtype mismatch"),
+        ({"a": torch.zeros(1)}, {"b": torch.zeros(1)}, "keys differ"),
+        ((torch.zeros(1),), (torch.zeros(1), torch.zeros(1)), "structure differs"),
+        (None, torch.zeros(1), "expected a tensor"),
+        (3, 4, "values differ"),
+    ],
+)
+def test_structural_differences_are_named(actual, expected, pattern):
+    with pytest.raises(MismatchError, match=pattern):
+        assert_equivalent(actual, expected, exact=True)
+
+
+def test_nan_in_the_same_place_is_equal():
+    value = torch.tensor([1.0, float("nan")])
+    assert_equivalent(value, value.clone(), exact=True)
+    assert_equivalent(value, value.clone(), exact=False)

@@ -1,0 +1,89 @@
+"""Fixtures of the gather suites: the implementation under test and one checking helper.
+
+``gather_impl`` is the implementation selected with ``--impl gather=SPEC`` (the compiled reference
+by default). ``check_gather(case)`` runs it on a case and asserts the whole in-process contract:
+bit-identical to the eager oracle, no output aliasing a source, no source modified.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import pytest
+import torch
+
+from harness import impls, pytest_support
+from harness.compare import assert_equivalent
+from harness.gather import (
+    BUFFER_NAMES,
+    OUTPUT_NAMES,
+    GatherCase,
+    GatherInputs,
+    eager_gather,
+    open_recompile_limit,
+)
+
+
+@pytest.fixture(scope="session")
+def gather_impl(pytestconfig: pytest.Config) -> impls.Implementation:
+    """The gather implementation under test (``.obj`` is the callable, ``.name`` its spec)."""
+    return pytest_support.selected_implementation(pytestconfig, "gather")
+
+
+def _storage_ptr(tensor: torch.Tensor) -> int:
+    return tensor.untyped_storage().data_ptr()
+
+
+def assert_contract(actual: Any, inputs: GatherInputs, *, expected: Any, originals: list[Any],
+                    context: dict[str, Any]) -> None:
+    """Assert outputs equal ``expected`` bitwise, alias no source, and that the sources are unchanged."""
+    assert_equivalent(actual, expected, exact=True, context=context)
+    sources = dict(zip(("indices", *BUFFER_NAMES), inputs.args))
+    for out_name, out in zip(OUTPUT_NAMES, actual):
+        if out is None or out.numel() == 0:
+            continue
+        for source_name, source in sources.items():
+            assert source is None or _storage_ptr(out) != _storage_ptr(source), (
+                f"output {out_name} shares memory with input {source_name}: a gather must return new tensors"
+                + "".join(f"\n  {k}: {v}" for k, v in context.items()))
+    assert_equivalent(list(inputs.args), originals, exact=True,
+                      context={"problem": "the gather modified an input (indices or a source buffer)", **context})
+
+
+@pytest.fixture(autouse=True)
+def _lifted_recompile_limit() -> Any:
+    """Every dtype/layout combination is a new graph for a compiled candidate; under dynamo's
+    default limit (8) the ninth would silently run eagerly and the suites would check eager code.
+    The stream a real engine sees is checked under the default limit in ``test_compile.py``."""
+    with open_recompile_limit():
+        yield
+
+
+@pytest.fixture
+def check_gather(gather_impl, device, failure_context) -> Callable[..., Any]:
+    """``check_gather(case, **details)``: run the candidate on ``case`` and assert the contract."""
+
+    def check(case: GatherCase, **details: Any) -> Any:
+        inputs = case.build(device)
+        expected = eager_gather(*inputs.args)
+        originals = [None if t is None else t.clone() for t in inputs.args]
+        actual = gather_impl.obj(*inputs.args)
+        assert_contract(actual, inputs, expected=expected, originals=originals,
+                        context=failure_context(**case.describe(), **details))
+        return actual
+
+    return check
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Print the kernel-launch counts the launch suite recorded (they travel through xdist)."""
+    lines = []
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            for key, value in getattr(report, "user_properties", ()):
+                if key == "gather_launches" and getattr(report, "when", "call") == "call":
+                    lines.append(f"{report.nodeid}: {value}")
+    if lines:
+        terminalreporter.write_sep("-", "gather kernel launches")
+        for line in sorted(set(lines)):
+            terminalreporter.write_line(line)

@@ -1,0 +1,78 @@
+"""The gather contract, checked bit-exactly against eager advanced indexing.
+
+Deterministic tests pin one clause each; the property test sweeps the whole in-process contract
+(pools 1..4096, index counts 0..2*pool with duplicates, widths above 1024, every dtype and layout,
+both index dtypes, with and without hidden states). Negative and out-of-range indices live in
+``test_index_domain.py``: they run in a child process.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+
+from harness.compare import assert_equivalent
+from harness.gather import BufferSpec, GatherCase, eager_gather, gather_dtypes
+from harness.gather.cases import SOURCE_LAYOUTS
+from harness.gather.strategies import gather_cases
+
+
+def test_typical_decode_step(check_gather):
+    # The shapes an engine sees: fp32 top-k probabilities, int64 ids, bf16 hidden states, an odd count.
+    check_gather(GatherCase(pool=48, count=7, seed=1))
+
+
+def test_missing_hidden_buffer_gives_none(check_gather):
+    actual = check_gather(GatherCase(pool=48, count=7, seed=2, hidden=None))
+    assert actual[3] is None, f"hidden_states_buf=None must give hidden_states=None, got {type(actual[3]).__name__}"
+
+
+@pytest.mark.parametrize("layout", [layout for layout in SOURCE_LAYOUTS if layout != "contiguous"])
+def test_strided_and_offset_sources(check_gather, layout):
+    spec = lambda trailing, dtype: BufferSpec(trailing, dtype, layout)  # noqa: E731
+    check_gather(GatherCase(pool=40, count=11, seed=3, index_layout="strided",
+                            topk_p=spec((5,), torch.float32), topk_index=spec((5,), torch.int64),
+                            output_tokens=spec((), torch.int64), hidden=spec((33,), torch.bfloat16)))
+
+
+@pytest.mark.parametrize("dtype", gather_dtypes(), ids=str)
+def test_every_dtype(check_gather, dtype):
+    spec = lambda trailing: BufferSpec(trailing, dtype)  # noqa: E731
+    check_gather(GatherCase(pool=30, count=9, seed=4, topk_p=spec((4,)), topk_index=spec((4,)),
+                            output_tokens=spec(()), hidden=spec((3, 5))))
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64], ids=str)
+def test_empty_indices_keep_trailing_dims(check_gather, index_dtype):
+    actual = check_gather(GatherCase(pool=16, count=0, seed=5, index_dtype=index_dtype,
+                                     hidden=BufferSpec((3, 7), torch.float16)))
+    shapes = [tuple(out.shape) for out in actual]
+    assert shapes == [(0, 8), (0, 8), (0,), (0, 3, 7)], f"empty gather lost its trailing dims: {shapes}"
+
+
+def test_full_arange_gives_new_tensors(check_gather):
+    # Reading every slot in order is the case where returning the buffer itself is tempting.
+    check_gather(GatherCase(pool=24, count=24, seed=6, index_values=tuple(range(24))))
+
+
+def test_duplicates_give_new_tensors(check_gather):
+    check_gather(GatherCase(pool=24, count=6, seed=7, index_values=(5, 5, 5, 0, 23, 5)))
+
+
+def test_index_values_change_between_calls(gather_impl, device, failure_context):
+    # Engines refill one index tensor in place every step, and pass the same buffers: a result
+    # keyed on shapes or addresses would be stale.
+    case = GatherCase(pool=64, count=6, seed=8)
+    inputs = case.build(device)
+    generator = torch.Generator().manual_seed(case.seed)
+    for step in range(3):
+        inputs.indices.copy_(torch.randperm(case.pool, generator=generator)[: case.count].to(inputs.indices))
+        assert_equivalent(gather_impl.obj(*inputs.args), eager_gather(*inputs.args), exact=True,
+                          context=failure_context(**case.describe(), step=step,
+                                                  refilled_indices=inputs.indices.tolist()))
+
+
+@given(case=gather_cases())
+def test_matches_eager_oracle_over_the_contract(check_gather, case):
+    check_gather(case)

@@ -169,16 +169,17 @@ class _HostSyncSession(CaptureSession):
         self._swallower = _HostSyncSwallower(self)
         self._swallower.__enter__()
 
-    def end_segment(self) -> None:
+    def _stop_swallowing(self) -> None:
         swallower, self._swallower = getattr(self, "_swallower", None), None
         if swallower is not None:
             swallower.__exit__(None, None, None)
+
+    def end_segment(self) -> None:
+        self._stop_swallowing()
         super().end_segment()
 
     def abort(self) -> None:
-        swallower, self._swallower = getattr(self, "_swallower", None), None
-        if swallower is not None:
-            swallower.__exit__(None, None, None)
+        self._stop_swallowing()
         super().abort()
 
 

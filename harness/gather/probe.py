@@ -1,15 +1,18 @@
-"""Run one gather on one case in a child process, so a crash cannot take the caller down.
+"""Run a gather on crash-prone cases in child processes, so a crash cannot take the caller down.
 
 Out-of-range or negative indices can make an unchecked kernel read or write outside a buffer:
 a segfault on the CPU, a poisoned context on CUDA. :func:`probe` runs the candidate in a fresh
-interpreter and classifies what it did:
+interpreter and classifies what it did on each case:
 
 ``correct``    returned the oracle's result, bit for bit (a valid index set);
 ``raised``     raised an exception (a device-side assert counts: it surfaces as one);
 ``wrong data`` returned something else, or returned anything at all for an invalid index set;
-``crashed``    the process died or hung.
+``crashed``    the process died or hung while running the case.
 
-Run as ``python -m harness.gather.probe SPEC DEVICE CASE_JSON``; prints one JSON line.
+One child runs the cases in order and reports each as it finishes; when it dies, the case it was
+running is ``crashed`` and a new child takes the rest. On CUDA a child also stops after a case that
+raised, because a device-side assert leaves the context unusable for the next case.
+Child side: ``python -m harness.gather.probe SPEC DEVICE`` with a JSON list of cases on stdin.
 """
 
 from __future__ import annotations
@@ -19,24 +22,32 @@ import json
 import os
 import subprocess
 import sys
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from harness.gather.cases import GatherCase
 
-__all__ = ["OUTCOMES", "ProbeResult", "probe", "main"]
+__all__ = ["OUTCOMES", "ProbeCase", "ProbeResult", "probe", "main"]
 
 OUTCOMES = ("correct", "raised", "wrong data", "crashed")
-_MARK = "GATHER-PROBE-RESULT "
+_START, _RESULT = "GATHER-PROBE-START ", "GATHER-PROBE-RESULT "
+
+
+@dataclasses.dataclass(frozen=True)
+class ProbeCase:
+    """A named case; ``valid`` says every index lies in [-pool, pool), so ``correct`` is possible."""
+
+    name: str
+    case: GatherCase
+    valid: bool
 
 
 @dataclasses.dataclass(frozen=True)
 class ProbeResult:
     outcome: str
     detail: str
-    returncode: int
 
     def __str__(self) -> str:
-        return f"{self.outcome}: {self.detail}"
+        return f"{self.outcome} ({self.detail})"
 
 
 def _child_env() -> dict[str, str]:
@@ -48,42 +59,56 @@ def _child_env() -> dict[str, str]:
     return env
 
 
-def probe(spec: str, case: GatherCase, *, device: str, valid: bool, timeout: float = 240.0) -> ProbeResult:
-    """Run implementation ``spec`` of the gather on ``case`` in a child process.
-
-    ``valid`` says whether every index of the case lies in [-pool, pool): only then can the
-    result be ``correct``; otherwise returning any data is ``wrong data``.
-    """
-    command = [sys.executable, "-m", "harness.gather.probe", spec, device, json.dumps(case.to_json()),
-               "valid" if valid else "invalid"]
+def _run_child(spec: str, device: str, cases: Sequence[ProbeCase], timeout: float,
+               results: dict[str, ProbeResult]) -> None:
+    payload = json.dumps([{"name": c.name, "case": c.case.to_json(), "valid": c.valid} for c in cases])
+    command = [sys.executable, "-m", "harness.gather.probe", spec, device]
+    started: Optional[str] = None
     try:
-        completed = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=_child_env())
-    except subprocess.TimeoutExpired:
-        return ProbeResult("crashed", f"the child process hung for more than {timeout:g} s", -1)
-    for line in completed.stdout.splitlines():
-        if line.startswith(_MARK):
-            result = json.loads(line[len(_MARK):])
-            return ProbeResult(result["outcome"], result["detail"], completed.returncode)
-    tail = (completed.stderr or completed.stdout).strip().splitlines()[-6:]
-    how = (f"killed by signal {-completed.returncode}" if completed.returncode < 0
-           else f"exit status {completed.returncode}")
-    return ProbeResult("crashed", f"the child process died ({how}) without a verdict: " + " | ".join(tail),
-                       completed.returncode)
+        completed = subprocess.run(command, input=payload, capture_output=True, text=True, timeout=timeout,
+                                   env=_child_env())
+        stdout, stderr, returncode = completed.stdout, completed.stderr, completed.returncode
+    except subprocess.TimeoutExpired as expired:
+        stdout = expired.stdout.decode() if isinstance(expired.stdout, bytes) else (expired.stdout or "")
+        stderr, returncode = f"the child process hung for more than {timeout:g} s", None
+    for line in stdout.splitlines():
+        if line.startswith(_START):
+            started = line[len(_START):]
+        elif line.startswith(_RESULT):
+            verdict = json.loads(line[len(_RESULT):])
+            results[verdict["name"]] = ProbeResult(verdict["outcome"], verdict["detail"])
+            started = None
+    if started is not None:
+        if returncode is None:
+            how = stderr
+        else:
+            how = (f"killed by signal {-returncode}" if returncode < 0 else f"exit status {returncode}")
+            how += ": " + " | ".join(stderr.strip().splitlines()[-4:])
+        results[started] = ProbeResult("crashed", f"the child process died on this case ({how})")
+    elif not any(c.name in results for c in cases):
+        tail = " | ".join((stderr or stdout).strip().splitlines()[-6:])
+        raise RuntimeError(f"the gather probe child failed before running any case (exit {returncode}): {tail}")
 
 
-def _run(spec: str, device: str, case: GatherCase, valid: bool) -> dict[str, Any]:
+def probe(spec: str, cases: Sequence[ProbeCase], *, device: str, timeout: float = 300.0) -> dict[str, ProbeResult]:
+    """Run implementation ``spec`` (a registered name or ``pkg.mod:attr``) on ``cases`` in child processes."""
+    results: dict[str, ProbeResult] = {}
+    remaining = list(cases)
+    while remaining:
+        _run_child(spec, device, remaining, timeout, results)
+        remaining = [c for c in remaining if c.name not in results]
+    return results
+
+
+def _run_case(candidate: Any, device: str, probe_case: ProbeCase) -> dict[str, str]:
     import torch
 
-    from harness import impls
     from harness.compare import assert_equivalent
     from harness.errors import MismatchError
     from harness.gather.reference import eager_gather
 
-    candidate = impls.load("gather", spec).obj
+    case = probe_case.case
     inputs = case.build(device)
-    expected: Optional[Any] = None
-    if valid:
-        expected = eager_gather(*case.build("cpu").args)
     try:
         actual = candidate(*inputs.args)
         if device.startswith("cuda"):
@@ -91,12 +116,11 @@ def _run(spec: str, device: str, case: GatherCase, valid: bool) -> dict[str, Any
     except Exception as error:  # noqa: BLE001 - classifying the candidate's failure is the point
         first_line = (str(error).strip().splitlines() or [""])[0]
         return {"outcome": "raised", "detail": f"{type(error).__name__}: {first_line[:300]}"}
-    if not valid:
-        return {"outcome": "wrong data",
-                "detail": "returned data for indices outside [-pool, pool) instead of raising"}
+    if not probe_case.valid:
+        return {"outcome": "wrong data", "detail": "returned data for indices outside [-pool, pool) instead of raising"}
     try:
-        actual_cpu = [None if t is None else t.cpu() for t in actual]
-        assert_equivalent(tuple(actual_cpu), expected, exact=True)
+        actual_cpu = tuple(None if t is None else t.cpu() for t in actual)
+        assert_equivalent(actual_cpu, eager_gather(*case.build("cpu").args), exact=True)
     except MismatchError as error:
         return {"outcome": "wrong data", "detail": str(error).splitlines()[0][:400]}
     except Exception as error:  # noqa: BLE001 - a malformed result is wrong data too
@@ -105,9 +129,17 @@ def _run(spec: str, device: str, case: GatherCase, valid: bool) -> dict[str, Any
 
 
 def main(argv: list[str]) -> int:
-    spec, device, case_json, validity = argv
-    result = _run(spec, device, GatherCase.from_json(json.loads(case_json)), validity == "valid")
-    print(_MARK + json.dumps(result), flush=True)
+    from harness import impls
+
+    spec, device = argv
+    candidate = impls.load("gather", spec).obj
+    for item in json.loads(sys.stdin.read()):
+        probe_case = ProbeCase(item["name"], GatherCase.from_json(item["case"]), item["valid"])
+        print(_START + probe_case.name, flush=True)
+        verdict = _run_case(candidate, device, probe_case)
+        print(_RESULT + json.dumps({"name": probe_case.name, **verdict}), flush=True)
+        if verdict["outcome"] == "raised" and device.startswith("cuda"):
+            break  # the context may be poisoned; the parent starts a fresh child for the rest
     return 0
 
 

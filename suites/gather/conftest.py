@@ -43,9 +43,10 @@ def assert_contract(actual: Any, inputs: GatherInputs, *, expected: Any, origina
         if out is None or out.numel() == 0:
             continue
         for source_name, source in sources.items():
-            assert source is None or _storage_ptr(out) != _storage_ptr(source), (
-                f"output {out_name} shares memory with input {source_name}: a gather must return new tensors"
-                + "".join(f"\n  {k}: {v}" for k, v in context.items()))
+            if source is not None and _storage_ptr(out) == _storage_ptr(source):
+                raise AssertionError(
+                    f"output {out_name} shares memory with input {source_name}: a gather must return new tensors"
+                    + "".join(f"\n  {k}: {v}" for k, v in context.items()))
     assert_equivalent(list(inputs.args), originals, exact=True,
                       context={"problem": "the gather modified an input (indices or a source buffer)", **context})
 

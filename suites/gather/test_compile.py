@@ -17,25 +17,28 @@ _COUNTS = (0, 1, 2, 3, 17, 777, 5, 1, 0, 2048, 64, 1023, 3)
 _DEFAULT_RECOMPILE_LIMIT = 8  # dynamo's default: what an engine runs with
 
 
-def _run_stream(gather, inputs, device, failure_context, *, generator: torch.Generator, rounds: str) -> None:
-    pool = inputs.buffers[0].shape[0]
+def _run_stream(gather, case, inputs, device, failure_context, *, generator: torch.Generator, rounds: str) -> None:
+    pool = case.pool
+    described = {key: value for key, value in case.describe().items() if key != "indices"}
     for with_hidden in (True, False):
         buffers = inputs.buffers if with_hidden else (*inputs.buffers[:3], None)
         for count in _COUNTS:
             indices = torch.randint(0, pool, (count,), generator=generator).to(device)
             assert_equivalent(gather(indices, *buffers), eager_gather(indices, *buffers), exact=True,
-                              context=failure_context(stream=rounds, count=count, with_hidden=with_hidden))
+                              context=failure_context(**described, stream=rounds, index_count=count,
+                                                      with_hidden=with_hidden))
 
 
 def test_index_count_stream_compiles_a_bounded_number_of_graphs(gather_impl, device, failure_context):
     torch._dynamo.reset()  # count this candidate's graphs only, whatever ran before in this process
-    inputs = GatherCase(pool=1024, count=0, seed=9).build(device)
+    case = GatherCase(pool=1024, count=0, seed=9)
+    inputs = case.build(device)
     generator = torch.Generator().manual_seed(9)
     with torch._dynamo.config.patch(recompile_limit=_DEFAULT_RECOMPILE_LIMIT):
         with compile_accounting() as first:
-            _run_stream(gather_impl.obj, inputs, device, failure_context, generator=generator, rounds="first")
+            _run_stream(gather_impl.obj, case, inputs, device, failure_context, generator=generator, rounds="first")
         with compile_accounting() as second:
-            _run_stream(gather_impl.obj, inputs, device, failure_context, generator=generator, rounds="second")
+            _run_stream(gather_impl.obj, case, inputs, device, failure_context, generator=generator, rounds="second")
     assert first.graphs <= COMPILED_GRAPH_BUDGET and not first.fell_back, (
         f"{gather_impl.name}: the index-count stream {_COUNTS} with and without hidden states compiled "
         f"{first.graphs} graphs (budget {COMPILED_GRAPH_BUDGET}), {first.failed_frames} frames fell back to "

@@ -290,8 +290,8 @@ class LayerStackRunner:
             )
 
     def capture_plan(self) -> dict[str, Any]:
-        """Plain data describing what was captured: discovery, buckets in capture order, and each
-        graph's segment and break counts."""
+        """Plain data describing what was captured: discovery, buckets, and each bucket's graph
+        segment and break counts (``{"graphs": {"8": {"segments": 3, "breaks": 2}, ...}}``)."""
         return {
             "discovery": self.discovery.summary(),
             "buckets": list(self.buckets),

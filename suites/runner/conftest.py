@@ -1,0 +1,82 @@
+"""Fixtures of the runner suites: the implementation under test, runners over the model zoo, the
+eager-equivalence assertion. Any runner given by ``--impl runner=module:attr`` runs these suites."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Callable
+
+import pytest
+import torch
+
+from harness import pytest_support
+from harness.compare import assert_equivalent
+from harness.impls import Implementation
+from harness.models import build_model
+from harness.runner import ForwardBatch
+from runner_cases import BUCKETS, SEED, bitwise_possible, eager, eager_padded
+
+
+@pytest.fixture(scope="session")
+def runner_impl(pytestconfig: pytest.Config) -> Implementation:
+    """The ``runner`` implementation under test; ``.obj`` is its factory."""
+    return pytest_support.selected_implementation(pytestconfig, "runner")
+
+
+@pytest.fixture(scope="session")
+def build_runner(runner_impl: Implementation, graphs_impl: Any) -> Callable[..., Any]:
+    """``build_runner(model, buckets=..., strict_discovery=...)``: a fresh runner under test."""
+
+    def build(model: torch.nn.Module, *, buckets: tuple[int, ...] = BUCKETS, strict_discovery: bool = False) -> Any:
+        return runner_impl.obj(model, buckets=buckets, graphs=graphs_impl, strict_discovery=strict_discovery)
+
+    return build
+
+
+@pytest.fixture(scope="session")
+def zoo_runner(build_runner: Callable[..., Any], device: torch.device) -> Callable[..., tuple[Any, Any]]:
+    """``zoo_runner(name, dtype)`` -> ``(model, runner)``, captured once per session.
+
+    Tests that patch the model or runner undo it (monkeypatch) and must leave the runner usable,
+    which is itself part of the contract. Discovery warnings are checked on fresh runners instead.
+    """
+    cache: dict[tuple[str, torch.dtype], tuple[Any, Any]] = {}
+
+    def get(name: str, dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
+        if (name, dtype) not in cache:
+            model = build_model(name, seed=SEED, dtype=dtype, device=device)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                cache[name, dtype] = model, build_runner(model)
+        return cache[name, dtype]
+
+    return get
+
+
+@pytest.fixture
+def assert_matches_eager(graph_backend: Any, failure_context: Callable[..., dict]) -> Callable[..., None]:
+    """``assert_matches_eager(actual, model, batch, dtype=..., name=..., seed=..., bucket=...)``.
+
+    Two oracles, both eager runs of the same model: on the same batch, within the tolerance table
+    (the semantic check), and, where :func:`runner_cases.bitwise_possible`, bitwise against eager
+    at the replay's shapes (``bucket``; ``None`` when the runner is expected to run eagerly, which
+    must then be bitwise eager itself). Failures name the implementation, model, seed, request
+    lengths, dtype, the element and a reproduce command.
+    """
+
+    def check(actual: Any, model: torch.nn.Module, batch: ForwardBatch, *, dtype: torch.dtype, name: str,
+              seed: int, bucket: int | None, **details: Any) -> None:
+        bitwise = bitwise_possible(graph_backend.name, dtype)
+
+        def context(comparison: str) -> dict:
+            return failure_context(model=name, seed=seed, dtype=str(dtype), batch=batch.describe(),
+                                   comparison=comparison, **details)
+
+        expected = eager(model, batch)
+        assert_equivalent(actual, expected, exact=bitwise and bucket is None,
+                          context=context("against eager on the same batch"))
+        if bitwise and bucket is not None:
+            assert_equivalent(actual, eager_padded(model, batch, bucket), exact=True,
+                              context=context(f"bitwise against eager on the batch padded to bucket {bucket}"))
+
+    return check

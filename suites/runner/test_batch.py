@@ -1,0 +1,54 @@
+"""The batch description and the zoo's inputs: bad input gives an error that names the problem."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness.errors import BatchError, BucketError, UsageError
+from harness.models import MODEL_NAMES, build_model
+from harness.runner import ForwardBatch, select_bucket
+from runner_cases import BUCKETS
+
+
+@pytest.mark.parametrize("lengths, problem", [([], "at least one request"), ([3, 0], "request 1 has length 0"),
+                                              ([2, -1], "request 1 has length -1")])
+def test_bad_batches_name_the_problem(lengths, problem):
+    with pytest.raises(BatchError, match=problem):
+        ForwardBatch.from_lengths(lengths, vocab_size=8)
+
+
+def test_bad_hidden_mode_is_named():
+    with pytest.raises(BatchError, match="sometimes"):
+        ForwardBatch.from_lengths([2], vocab_size=8, hidden_mode="sometimes")
+
+
+def test_padding_keeps_requests_and_appends_zeros():
+    batch = ForwardBatch.from_lengths([2, 3], vocab_size=8, seed=1)
+    padded = batch.padded_to(8)
+    assert (padded.num_tokens, padded.num_padding, padded.seq_lens) == (5, 3, (2, 3))
+    assert torch.equal(padded.input_ids[:5], batch.input_ids) and not padded.input_ids[5:].any()
+    assert padded.positions.tolist() == [0, 1, 0, 1, 2, 0, 0, 0]
+    assert padded.last_indices.tolist() == [1, 4]
+
+
+@pytest.mark.parametrize("num_tokens", range(1, BUCKETS[-1] + 2))
+def test_smallest_bucket_that_fits(num_tokens):
+    fitting = [b for b in BUCKETS if b >= num_tokens]
+    if fitting:
+        assert select_bucket(num_tokens, BUCKETS) == fitting[0]
+    else:
+        with pytest.raises(BucketError, match=f"{num_tokens} tokens fits no bucket"):
+            select_bucket(num_tokens, BUCKETS)
+
+
+def test_unknown_model_is_named():
+    with pytest.raises(UsageError, match="'llama-9000'.*dense"):
+        build_model("llama-9000")
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_zoo_models_are_deterministic_from_the_seed(name):
+    first, second, other = (build_model(name, seed=s) for s in (5, 5, 6))
+    assert all(torch.equal(a, b) for a, b in zip(first.state_dict().values(), second.state_dict().values()))
+    assert not all(torch.equal(a, b) for a, b in zip(first.state_dict().values(), other.state_dict().values()))

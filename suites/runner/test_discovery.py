@@ -1,0 +1,100 @@
+"""Discovery: each layout gives the expected module, path and fallback flag; a fallback warns (or,
+strict, raises); a fell-back model stays correct: single requests replay, several run eagerly."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from harness.errors import DiscoveryError, HarnessError
+from harness.models import build_model
+from runner_cases import smallest_bucket, BUCKETS, MAX_TOKENS, SEED, eager, make_batch, split_strategy
+
+# The oracle, written out by hand from each layout's construction: (dotted path, fell back).
+LAYOUTS = {
+    "dense": ("model", False),
+    "moe": ("model", False),
+    "vlm": ("language_model.model", False),
+    "side-input": ("model", False),
+    "odd-decoder-layers": ("", True),
+    "odd-transformer-h": ("", True),
+    "odd-lm-is-base": ("language_model", True),
+    "odd-wrapped-stack": ("", True),
+}
+FALLBACKS = [name for name, (_, fell_back) in LAYOUTS.items() if fell_back]
+
+
+def _build_recording_warnings(build_runner, model, **options):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        runner = build_runner(model, **options)
+    return runner, [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_discovered_module_path_and_warning(build_runner, device, name):
+    path, fell_back = LAYOUTS[name]
+    model = build_model(name, seed=SEED, device=device)
+    runner, messages = _build_recording_warnings(build_runner, model)
+    expected_module = model.get_submodule(path)
+    found = runner.discovery
+    assert (found.path, found.fell_back) == (path, fell_back), f"{name}: discovery gave {found.path!r}, {found.fell_back}"
+    assert found.module is expected_module, f"{name}: discovered {type(found.module).__name__}, not the module at {path!r}"
+    fallback_warnings = [m for m in messages if type(model).__name__ in m and "model.layers" in m]
+    if fell_back:
+        assert fallback_warnings, f"{name}: fell back without a warning naming {type(model).__name__} and the paths tried; got {messages}"
+    else:
+        assert not fallback_warnings, f"{name}: warned although discovery found the stack: {fallback_warnings}"
+
+
+@pytest.mark.parametrize("name", FALLBACKS)
+def test_strict_discovery_refuses_to_fall_back(build_runner, device, name):
+    model = build_model(name, seed=SEED, device=device)
+    with pytest.raises(DiscoveryError, match=type(model).__name__):
+        build_runner(model, strict_discovery=True)
+
+
+def test_strict_discovery_accepts_a_found_stack(build_runner, device):
+    model = build_model("vlm", seed=SEED, device=device)
+    assert build_runner(model, strict_discovery=True).discovery.path == "language_model.model"
+
+
+def test_discovery_goldens(build_runner, device, snapshot):
+    results = {}
+    for name in LAYOUTS:
+        model = build_model(name, seed=SEED, device=device)
+        runner, _ = _build_recording_warnings(build_runner, model)
+        found = runner.discovery
+        results[name] = {"module_class": type(found.module).__name__, "path": found.path, "fell_back": found.fell_back}
+    assert results == snapshot
+
+
+@pytest.mark.parametrize("name", FALLBACKS)
+@given(length=st.integers(1, MAX_TOKENS), seed=st.integers(0, 2**16))
+def test_fell_back_model_replays_single_requests(zoo_runner, assert_matches_eager, device, name, length, seed):
+    model, runner = zoo_runner(name)
+    batch = make_batch(name, [length], seed=seed, dtype=torch.float32, device=device)
+    assert runner.can_run(batch), f"{name}: a single request of {length} tokens should replay"
+    replays = runner.stats.replays
+    actual = runner.run(batch)
+    assert runner.stats.replays == replays + 1
+    assert_matches_eager(actual, model, batch, dtype=torch.float32, name=name, bucket=smallest_bucket(batch.num_tokens), seed=seed)
+
+
+@pytest.mark.parametrize("name", FALLBACKS)
+@given(data=st.data(), total=st.integers(2, MAX_TOKENS), seed=st.integers(0, 2**16), mode=st.sampled_from(["none", "full"]))
+def test_fell_back_model_runs_several_requests_eagerly(zoo_runner, assert_matches_eager, device, name, data, total, seed, mode):
+    model, runner = zoo_runner(name)
+    lengths = data.draw(split_strategy(total).filter(lambda split: len(split) > 1), label="lengths")
+    batch = make_batch(name, lengths, seed=seed, dtype=torch.float32, device=device, hidden_mode=mode)
+    assert not runner.can_run(batch), f"{name}: the fell-back graph holds batch-size dependent code; {batch.describe()} must not replay"
+    with pytest.raises(HarnessError):
+        runner.replay(batch)
+    fallbacks = runner.stats.eager_fallbacks
+    actual = runner.run(batch)
+    assert runner.stats.eager_fallbacks == fallbacks + 1, "the eager fallback was not counted"
+    assert_matches_eager(actual, model, batch, dtype=torch.float32, name=name, bucket=None, seed=seed)

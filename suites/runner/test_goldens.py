@@ -1,0 +1,32 @@
+"""Goldens: capture plans (buckets, segments and breaks per bucket) and output digests of fixed
+batches. A change here must be deliberate: review it, then rerun with --snapshot-update."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from runner_cases import make_batch, smallest_bucket
+
+
+@pytest.mark.parametrize("name", ["dense", "moe", "vlm", "odd-decoder-layers"])
+def test_capture_plan(zoo_runner, snapshot, name):
+    _, runner = zoo_runner(name)
+    found = runner.discovery
+    plan = {
+        "discovery": {"module_class": type(found.module).__name__, "path": found.path, "fell_back": found.fell_back},
+        "buckets": list(runner.buckets),
+        "graphs": runner.capture_plan()["graphs"],
+    }
+    assert plan == snapshot
+
+
+@pytest.mark.parametrize("name", ["dense", "moe", "side-input"])
+def test_output_digest(zoo_runner, assert_matches_eager, snapshot, device, name):
+    model, runner = zoo_runner(name)
+    batch = make_batch(name, [3, 6, 1], seed=99, dtype=torch.float32, device=device, hidden_mode="full")
+    output = runner.run(batch)
+    # The golden pins the zoo's numbers (weights from the seed, the layer math); the runner must match
+    # both the golden (within the float32 tolerance) and eager.
+    assert output == snapshot
+    assert_matches_eager(output, model, batch, dtype=torch.float32, name=name, seed=99, bucket=smallest_bucket(10))

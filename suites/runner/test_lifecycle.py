@@ -1,0 +1,119 @@
+"""Lifecycle: the layer forward is put back after success, an exception and a BaseException; a
+replay inside a replay raises; replay never calls the real layer forward and calls the logits
+processor once; outputs handed out survive the next replay; a batch no bucket holds is refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness.errors import BucketError, ReplayError
+from harness.models import build_model
+from runner_cases import smallest_bucket, BUCKETS, SEED, eager, make_batch
+
+
+class _Abort(BaseException):
+    """Stands for KeyboardInterrupt or SystemExit arriving in the middle of a forward."""
+
+
+def _assert_forward_restored(layer: torch.nn.Module, when: str) -> None:
+    forward = layer.forward
+    assert getattr(forward, "__func__", None) is type(layer).forward and forward.__self__ is layer, (
+        f"layer_model.forward is still {forward!r} {when}; expected the original {type(layer).__name__}.forward")
+
+
+def _batch(device, lengths=(3, 5), seed=11, mode="full"):
+    return make_batch("dense", list(lengths), seed=seed, dtype=torch.float32, device=device, hidden_mode=mode)
+
+
+def test_forward_restored_after_success(zoo_runner, device):
+    model, runner = zoo_runner("dense")
+    runner.run(_batch(device))
+    _assert_forward_restored(runner.discovery.module, "after a successful replay")
+
+
+@pytest.mark.parametrize("error", [RuntimeError("logits processor failed"), _Abort()], ids=["Exception", "BaseException"])
+def test_forward_restored_after_an_error_and_runner_still_usable(zoo_runner, assert_matches_eager, device, monkeypatch, error):
+    model, runner = zoo_runner("dense")
+
+    def failing(*args, **kwargs):
+        raise error
+
+    with monkeypatch.context() as patch:
+        patch.setattr(model.logits_processor, "forward", failing)
+        with pytest.raises(type(error)):
+            runner.run(_batch(device))
+    _assert_forward_restored(runner.discovery.module, f"after {type(error).__name__} in the outer forward")
+    batch = _batch(device, seed=12)
+    assert_matches_eager(runner.run(batch), model, batch, dtype=torch.float32, name="dense", bucket=smallest_bucket(batch.num_tokens), seed=12)
+
+
+def test_replay_inside_a_replay_raises(zoo_runner, assert_matches_eager, device, monkeypatch):
+    model, runner = zoo_runner("dense")
+    original = model.logits_processor.forward
+    inner = _batch(device, lengths=(2,), seed=13)
+
+    def nested(hidden, batch):
+        runner.run(inner)
+        return original(hidden, batch)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(model.logits_processor, "forward", nested)
+        with pytest.raises(ReplayError):
+            runner.run(_batch(device))
+    _assert_forward_restored(runner.discovery.module, "after a nested replay was refused")
+    assert_matches_eager(runner.run(inner), model, inner, dtype=torch.float32, name="dense", bucket=smallest_bucket(inner.num_tokens), seed=13)
+
+
+def test_replay_skips_the_layer_forward_and_runs_the_logits_processor_once(zoo_runner, device, monkeypatch):
+    model, runner = zoo_runner("dense")
+    layer = runner.discovery.module
+    calls = {"layer": 0, "logits": 0}
+    real_layer_forward, real_logits = type(layer).forward, model.logits_processor.forward
+
+    def spy_layer(self, *args, **kwargs):
+        calls["layer"] += 1
+        return real_layer_forward(self, *args, **kwargs)
+
+    def spy_logits(*args, **kwargs):
+        calls["logits"] += 1
+        return real_logits(*args, **kwargs)
+
+    monkeypatch.setattr(type(layer), "forward", spy_layer)
+    monkeypatch.setattr(model.logits_processor, "forward", spy_logits)
+    replays = runner.stats.replays
+    runner.run(_batch(device, lengths=(4, 1, 2)))
+    assert runner.stats.replays == replays + 1, "the batch did not replay"
+    assert calls == {"layer": 0, "logits": 1}, f"at replay: {calls} (the real layer forward must not run; logits once)"
+
+
+def test_outputs_survive_the_next_replay(zoo_runner, assert_matches_eager, device):
+    model, runner = zoo_runner("dense")
+    first = make_batch("dense", [3, 4], seed=21, dtype=torch.float32, device=device, hidden_mode="full", all_logits=True)
+    second = make_batch("dense", [6, 1], seed=22, dtype=torch.float32, device=device, hidden_mode="full", all_logits=True)
+    kept = runner.run(first)
+    runner.run(second)  # same bucket: its graph writes the same static buffers
+    assert_matches_eager(kept, model, first, dtype=torch.float32, name="dense", bucket=smallest_bucket(first.num_tokens), seed=21,
+                         note="output of the first batch, read after a second replay of the same bucket")
+
+
+def test_a_batch_no_bucket_holds_is_refused(build_runner, device):
+    model = build_model("dense", seed=SEED, device=device)
+    runner = build_runner(model, buckets=(4, 8))
+    assert runner.stats.captures == 2, f"two buckets, {runner.stats.captures} captures"
+    batch = _batch(device, lengths=(5, 4))
+    assert not runner.can_run(batch)
+    with pytest.raises(BucketError, match="9"):
+        runner.replay(batch)
+
+
+@pytest.mark.parametrize("buckets", [(), (8, 0), (4, 4)], ids=["none", "zero", "repeated"])
+def test_bad_buckets_are_refused(build_runner, device, buckets):
+    model = build_model("dense", seed=SEED, device=device)
+    with pytest.raises(BucketError):
+        build_runner(model, buckets=buckets)
+
+
+def test_counters_start_from_the_capture(zoo_runner):
+    _, runner = zoo_runner("dense")
+    assert runner.stats.captures == len(BUCKETS)

@@ -173,7 +173,10 @@ class MoE(nn.Module):
         self.combine = torch.compile(_combine_experts, backend=config.compile_backend, dynamic=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weights, chosen = self.router(x).float().softmax(dim=-1).topk(self.top_k, dim=-1)
+        # Router in float32, as engines do: in bf16 near-tied experts would swap on a 1-ulp GEMM
+        # difference between a padded replay and eager, which is noise, not a runner bug.
+        router_logits = F.linear(x.float(), self.router.weight.float())
+        weights, chosen = router_logits.softmax(dim=-1).topk(self.top_k, dim=-1)
         weights = (weights / weights.sum(dim=-1, keepdim=True)).to(x.dtype)
         every = torch.stack([expert(x) for expert in self.experts], dim=1)  # [tokens, experts, hidden]
         picked = every.gather(1, chosen[:, :, None].expand(-1, -1, x.shape[-1]))

@@ -10,7 +10,17 @@ from hypothesis import strategies as st
 
 from harness.compare import assert_equivalent
 from harness.errors import BucketError
-from runner_cases import smallest_bucket, BUCKET_EDGES, BUCKETS, MAX_TOKENS, concatenate, eager, lengths_strategy, make_batch, split_strategy
+from runner_cases import (
+    BUCKETS,
+    BUCKET_EDGES,
+    MAX_TOKENS,
+    concatenate,
+    eager,
+    lengths_strategy,
+    make_batch,
+    smallest_bucket,
+    split_strategy,
+)
 
 CASES = [
     ("dense", torch.float32),
@@ -49,7 +59,7 @@ def test_replay_matches_eager(zoo_runner, assert_matches_eager, device, case, le
 
 
 @pytest.mark.parametrize("total", BUCKET_EDGES)
-def test_bucket_edges_replay_in_thesmallest_bucket(zoo_runner, assert_matches_eager, device, total):
+def test_bucket_edges_replay_in_the_smallest_bucket(zoo_runner, assert_matches_eager, device, total):
     model, runner = zoo_runner("dense")
     assert runner.bucket_for(total) == smallest_bucket(total)
     for lengths in ([total], [1] * min(total, 16) if total <= 16 else [total - 15] + [1] * 15):

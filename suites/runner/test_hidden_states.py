@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runner_cases import smallest_bucket, CONFIG, eager, make_batch
+from runner_cases import CONFIG, eager, make_batch, smallest_bucket
 
 LENGTHS = ([1], [4, 3], [2, 7, 1, 5])
 

@@ -9,7 +9,7 @@ import torch
 
 from harness.errors import BucketError, ReplayError
 from harness.models import build_model
-from runner_cases import smallest_bucket, BUCKETS, SEED, eager, make_batch
+from runner_cases import BUCKETS, SEED, eager, make_batch, smallest_bucket
 
 
 class _Abort(BaseException):

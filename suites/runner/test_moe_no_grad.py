@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from harness.models import build_model, forward_context
-from runner_cases import smallest_bucket, SEED, eager, make_batch
+from runner_cases import SEED, eager, make_batch, smallest_bucket
 
 
 @pytest.fixture(scope="module")

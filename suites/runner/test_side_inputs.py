@@ -7,7 +7,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from runner_cases import eager, smallest_bucket, lengths_strategy, make_batch
+from runner_cases import eager, lengths_strategy, make_batch, smallest_bucket
 
 
 @given(lengths=lengths_strategy(), seed=st.integers(0, 2**16), mode=st.sampled_from(["none", "last", "full"]))

@@ -98,7 +98,8 @@ def _tensor_matches(actual: dict[str, Any], expected: dict[str, Any]) -> bool:
 def golden_matches(actual: Any, expected: Any) -> bool:
     """Exact for plain data; tensors (``{"__tensor__": ...}``) within their dtype's tolerance."""
     if isinstance(expected, dict) and _TENSOR_KEY in expected:
-        return isinstance(actual, dict) and _TENSOR_KEY in actual and _tensor_matches(actual[_TENSOR_KEY], expected[_TENSOR_KEY])
+        return (isinstance(actual, dict) and _TENSOR_KEY in actual
+                and _tensor_matches(actual[_TENSOR_KEY], expected[_TENSOR_KEY]))
     if isinstance(expected, dict):
         return isinstance(actual, dict) and set(actual) == set(expected) and all(
             golden_matches(actual[k], expected[k]) for k in expected)

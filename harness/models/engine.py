@@ -34,6 +34,8 @@ __all__ = [
     "SideInputEngineModel",
     "LogitsProcessor",
     "CausalLM",
+    "Rotary",
+    "side_inputs_for",
 ]
 
 
@@ -287,7 +289,8 @@ class CausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: Any,
                 input_embeds: torch.Tensor | None = None) -> LogitsOutput:
         with forward_context(batch):
-            hidden = self.stack(input_ids, positions, batch, input_embeds, **side_inputs_for(self.stack, batch, input_ids))
+            side_inputs = side_inputs_for(self.stack, batch, input_ids)
+            hidden = self.stack(input_ids, positions, batch, input_embeds, **side_inputs)
             return self.logits_processor(hidden, batch)
 
 

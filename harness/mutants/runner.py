@@ -131,7 +131,8 @@ _MUTANTS: dict[str, tuple[type[LayerStackRunner], str]] = {
     "restore-on-exception-only": (RestoresOnlyOnException,
                                   "restores on Exception but not BaseException (KeyboardInterrupt leaves the patch)"),
     "no-no-grad": (NoGradModeSwitch,
-                   "calls layer_model.forward without torch.no_grad(): compiled out= MoE kernels fail, outputs get grad_fn"),
+                   "calls layer_model.forward without torch.no_grad(): compiled out= MoE kernels fail, "
+                   "outputs get grad_fn"),
     "whole-model-capture": (CapturesWholeModel,
                             "captures the whole model (logits inside the graph) and still accepts several requests"),
     "bucket-off-by-one": (BucketOffByOne,
@@ -144,7 +145,8 @@ _MUTANTS: dict[str, tuple[type[LayerStackRunner], str]] = {
     "ignore-hidden-mode": (IgnoresHiddenMode, "ignores the batch's hidden-state mode and always returns all of them"),
     "silent-fallback": (SilentFallback, "falls back to a broader module without the discovery warning"),
     "alias-static-output": (HandsOutStaticOutput,
-                            "hands out the graph's static output buffers: the next replay overwrites the caller's result"),
+                            "hands out the graph's static output buffers: the next replay overwrites the "
+                            "caller's result"),
 }
 
 for _name, (_cls, _bug) in _MUTANTS.items():

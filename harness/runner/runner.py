@@ -218,7 +218,8 @@ class LayerStackRunner:
         def own(value: Any) -> Any:
             return value.clone() if isinstance(value, torch.Tensor) else dummy if value is dummy else value
 
-        return self.static_inputs_class(bucket, tuple(own(a) for a in args), {k: own(v) for k, v in kwargs.items()}, dummy)
+        static_kwargs = {key: own(value) for key, value in kwargs.items()}
+        return self.static_inputs_class(bucket, tuple(own(a) for a in args), static_kwargs, dummy)
 
     def _device(self) -> torch.device:
         for tensor in self.model.parameters():

@@ -14,7 +14,7 @@ from harness.compare import assert_equivalent
 from harness.impls import Implementation
 from harness.models import build_model
 from harness.runner import ForwardBatch
-from runner_cases import BUCKETS, SEED, bitwise_possible, eager, eager_padded
+from runner_cases import BUCKETS, SEED, bitwise_possible, eager, eager_padded, smallest_bucket
 
 
 @pytest.fixture(scope="session")
@@ -55,18 +55,20 @@ def zoo_runner(build_runner: Callable[..., Any], device: torch.device) -> Callab
 
 @pytest.fixture
 def assert_matches_eager(graph_backend: Any, failure_context: Callable[..., dict]) -> Callable[..., None]:
-    """``assert_matches_eager(actual, model, batch, dtype=..., name=..., seed=..., bucket=...)``.
+    """``assert_matches_eager(actual, model, batch, dtype=..., name=..., seed=..., replayed=True)``.
 
     Two oracles, both eager runs of the same model: on the same batch, within the tolerance table
     (the semantic check), and, where :func:`runner_cases.bitwise_possible`, bitwise against eager
-    at the replay's shapes (``bucket``; ``None`` when the runner is expected to run eagerly, which
-    must then be bitwise eager itself). Failures name the implementation, model, seed, request
-    lengths, dtype, the element and a reproduce command.
+    at the replay's shapes (the batch padded to its smallest bucket of :data:`BUCKETS`). A batch
+    the runner should run eagerly (``replayed=False``) must be bitwise eager itself there.
+    Failures name the implementation, model, seed, request lengths, dtype, the element and a
+    reproduce command.
     """
 
     def check(actual: Any, model: torch.nn.Module, batch: ForwardBatch, *, dtype: torch.dtype, name: str,
-              seed: int, bucket: int | None, **details: Any) -> None:
+              seed: int, replayed: bool = True, **details: Any) -> None:
         bitwise = bitwise_possible(graph_backend.name, dtype)
+        bucket = smallest_bucket(batch.num_tokens) if replayed else None
 
         def context(comparison: str) -> dict:
             return failure_context(model=name, seed=seed, dtype=str(dtype), batch=batch.describe(),

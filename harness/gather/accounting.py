@@ -59,15 +59,20 @@ def _snapshot() -> tuple[int, int, int]:
 
 
 @contextlib.contextmanager
-def compile_accounting(*, fail_on_recompile_limit: bool = True) -> Iterator[CompileTally]:
+def compile_accounting(*, fail_on_recompile_limit: bool = True,
+                       recompile_limit: Optional[int] = None) -> Iterator[CompileTally]:
     """Count graphs, failed frames and graph breaks in the block.
 
     ``fail_on_recompile_limit`` turns dynamo's silent fallback to eager, when a function exceeds
     its recompile limit, into an exception, so a test sees it instead of measuring eager code.
+    ``recompile_limit``, when given, is the per-function limit in force inside the block.
     """
     tally = CompileTally()
     before = _snapshot()
-    patch = {_config_name("fail_on_recompile_limit_hit", "fail_on_cache_limit_hit"): fail_on_recompile_limit}
+    patch: dict[str, Any] = {
+        _config_name("fail_on_recompile_limit_hit", "fail_on_cache_limit_hit"): fail_on_recompile_limit}
+    if recompile_limit is not None:
+        patch[_config_name("recompile_limit", "cache_size_limit")] = recompile_limit
     try:
         with torch._dynamo.config.patch(**patch):
             yield tally

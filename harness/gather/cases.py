@@ -16,6 +16,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from harness.errors import GatherContractError
+from harness.gather.reference import BUFFER_NAMES
 
 __all__ = [
     "SOURCE_LAYOUTS",
@@ -163,7 +164,7 @@ class GatherCase:
         }
         if self.index_values is not None:
             described["index values"] = list(self.index_values)
-        for name, spec in zip(("topk_p_buf", "topk_index_buf", "output_tokens_buf", "hidden_states_buf"), self.specs):
+        for name, spec in zip(BUFFER_NAMES, self.specs):
             described[name] = "None" if spec is None else spec.describe()
         return described
 

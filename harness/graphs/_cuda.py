@@ -31,6 +31,14 @@ _CAPTURE_FAILURE_MARKERS = (
 )
 
 
+@contextlib.contextmanager
+def _empty_graphs_allowed() -> Iterator[None]:
+    # A segment between two adjacent breaks, or one aborted early, legitimately holds no kernels.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The CUDA Graph is empty")
+        yield
+
+
 class _CudaSegment:
     def __init__(self, graph: torch.cuda.CUDAGraph) -> None:
         self.graph = graph
@@ -46,9 +54,7 @@ class _CudaRecording:
         self.graph.capture_begin(pool=pool)
 
     def end(self) -> _CudaSegment:
-        with warnings.catch_warnings():
-            # A segment between two adjacent breaks legitimately holds no kernels.
-            warnings.filterwarnings("ignore", message="The CUDA Graph is empty")
+        with _empty_graphs_allowed():
             self.graph.capture_end()
         self.backend.join_capture_stream()
         return _CudaSegment(self.graph)
@@ -56,7 +62,8 @@ class _CudaRecording:
     def abort(self) -> None:
         # A failed capture leaves the stream in capture mode; ending it may raise "invalidated".
         try:
-            self.graph.capture_end()
+            with _empty_graphs_allowed():
+                self.graph.capture_end()
         except RuntimeError:
             pass
         self.backend.join_capture_stream()

@@ -16,9 +16,10 @@ again on the same tensors. What that reproduces of CUDA graphs:
 
 Where the emulation differs from CUDA, knowingly:
 
-* ``torch.compile``d code runs eagerly while capturing (Dynamo skips frames under a dispatch mode),
-  so the replayed ops are the eager decomposition, not the fused kernels; results are bitwise
-  those of eager execution, whereas CUDA replays the compiled kernels.
+* ``torch.compile``d code runs eagerly while capturing (the capture holds the ``force_eager``
+  stance, since Dynamo cannot trace under a dispatch mode), so the replayed ops are the eager
+  decomposition, not the fused kernels; results are bitwise those of eager execution, whereas
+  CUDA replays the compiled kernels. Outside a capture, compiled functions compile as usual.
 * Replay allocates each op's result and copies it into the captured tensor, so it is slower than
   eager and peak memory is higher; memory reuse inside the pool is not modelled.
 * Streams and events are ignored (CPU work is ordered), so missing stream joins go unnoticed.
@@ -32,8 +33,9 @@ Where the emulation differs from CUDA, knowingly:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
@@ -188,6 +190,13 @@ class EmulatedBackend(GraphBackend):
         # The recording run executes ``fn`` for real and is the warm-up: running it once more would
         # apply in-place updates one time more than CUDA, where the capture itself executes nothing.
         return None
+
+    @contextlib.contextmanager
+    def capture_context(self) -> Iterator[None]:
+        # Dynamo skips a frame that runs under a dispatch mode and remembers the skip, so without
+        # this a compiled function captured here would run eagerly for the rest of the process.
+        with torch.compiler.set_stance("force_eager"):
+            yield
 
     def begin_segment(self, pool: _EmulatedPool) -> _EmulatedRecording:
         return _EmulatedRecording(pool)

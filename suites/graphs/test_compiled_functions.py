@@ -1,0 +1,30 @@
+"""``torch.compile``d functions inside a capture: replayed correctly, and still compiled afterwards."""
+
+from __future__ import annotations
+
+import torch
+from torch._dynamo.testing import CompileCounter
+
+from harness.compare import assert_equivalent
+
+
+def test_compiled_function_replays_and_still_compiles_after_capture(graphs_impl, make_tensor, exact):
+    torch._dynamo.reset()
+    counter = CompileCounter()  # counts Dynamo frames and runs the traced graph without inductor
+
+    @torch.compile(backend=counter, dynamic=True)
+    def gather_scaled(buffer, indices):
+        return buffer[indices] * 2
+
+    buffer, indices = make_tensor(10, 3, seed=1), torch.tensor([4, 1, 1], device=make_tensor(1, seed=0).device)
+    graph = graphs_impl.capture(lambda: gather_scaled(buffer, indices))
+    buffer.copy_(make_tensor(10, 3, seed=2))
+    indices.copy_(torch.tensor([0, 9, 3]))
+    assert_equivalent(graph.replay(), buffer[indices] * 2, exact=exact)
+    frames_before = counter.frame_count
+    assert_equivalent(gather_scaled(buffer, indices[:2]), buffer[indices[:2]] * 2, exact=True)
+    assert counter.frame_count + frames_before >= 1, (
+        "the compiled function never compiled: a capture left Dynamo skipping it, so it silently runs eagerly"
+    )
+    assert counter.frame_count >= 1
+    torch._dynamo.reset()

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from harness import impls
+from harness.devices import DEVICE_CHOICES
 from harness.errors import HarnessError
 from harness.graphs import BACKEND_NAMES
 
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     check = commands.add_parser("selfcheck", help="run every mutant against its suites; fail if one survives")
     check.add_argument("--component", action="append", help="limit to this component (repeatable)")
     check.add_argument("--graph-backend", choices=BACKEND_NAMES, default="auto")
-    check.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    check.add_argument("--device", choices=DEVICE_CHOICES, default="auto")
     check.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="pytest processes at once")
     check.add_argument("--json", help="also write the kill matrix as JSON here")
     bench = commands.add_parser("bench", help="benchmarks that print a table and write JSON")

@@ -11,17 +11,17 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 
 from harness import impls
+from harness.devices import DEVICE_CHOICES, resolve_device
 from harness.errors import HarnessError, UsageError
 from harness.graphs import BACKEND_NAMES, GraphBackend, get_backend
 
 __all__ = [
     "add_options",
     "configure",
-    "resolve_device",
     "resolve_backend",
     "selected_implementation",
     "reproduce_command",
@@ -31,7 +31,7 @@ __all__ = [
 
 def add_options(parser: pytest.Parser) -> None:
     group = parser.getgroup("harness", "LLM graph-optimisation harness")
-    group.addoption("--device", choices=("auto", "cpu", "cuda"), default="auto",
+    group.addoption("--device", choices=DEVICE_CHOICES, default="auto",
                     help="device for tensors and models (auto: cuda when present)")
     group.addoption("--graph-backend", choices=BACKEND_NAMES, default="auto",
                     help="graph backend (auto: cuda on a CUDA device, else emulated)")
@@ -45,6 +45,10 @@ def register_hypothesis_profiles() -> None:
                                          HealthCheck.data_too_large])
     settings.register_profile("dev", max_examples=10, **common)
     settings.register_profile("ci", max_examples=25, derandomize=True, database=None, **common)
+    # The kill matrix needs only "some test fails", not a minimal example: shrinking a mutant's
+    # first failure was most of each selfcheck run's time.
+    settings.register_profile("selfcheck", max_examples=25, derandomize=True, database=None,
+                              phases=[Phase.explicit, Phase.reuse, Phase.generate], **common)
     settings.register_profile(
         "nightly", max_examples=400,
         database=DirectoryBasedExampleDatabase(os.path.join(".hypothesis", "nightly")), **common,
@@ -62,17 +66,6 @@ def _set_up_xdist_worker() -> None:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, workers)))
     if torch.cuda.is_available() and torch.cuda.device_count() > 1:
         torch.cuda.set_device(int(worker.removeprefix("gw")) % torch.cuda.device_count())
-
-
-def resolve_device(option: str) -> torch.device:
-    if option == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if option == "cuda" and not torch.cuda.is_available():
-        raise UsageError(
-            f"--device cuda was requested but torch {torch.__version__} sees no CUDA device; "
-            "run on a GPU runner or use --device cpu"
-        )
-    return torch.device(option)
 
 
 def resolve_backend(option: str, device: torch.device) -> GraphBackend:
@@ -120,7 +113,7 @@ def reproduce_command(request: pytest.FixtureRequest) -> str:
     return shlex.join(parts)
 
 
-def failure_context(request: pytest.FixtureRequest, **details: Any) -> dict[str, Any]:
+def failure_context(request: pytest.FixtureRequest, /, **details: Any) -> dict[str, Any]:
     """Context for :func:`harness.compare.assert_equivalent` failure messages."""
     config = request.config
     context: dict[str, Any] = {

@@ -20,6 +20,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from harness import impls
+from harness.devices import resolve_device
 from harness.errors import UsageError
 from harness.gather.accounting import compile_accounting, count_launches
 from harness.gather.cases import BufferSpec, GatherCase
@@ -99,14 +100,6 @@ def measure(name: str, gather: Callable[..., Any], *, device: torch.device, coun
     return rows, totals
 
 
-def _resolve_device(option: str) -> torch.device:
-    if option == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if option == "cuda" and not torch.cuda.is_available():
-        raise UsageError(f"--device cuda was requested but torch {torch.__version__} sees no CUDA device")
-    return torch.device(option)
-
-
 def _parse_impl(option: str) -> str:
     component, sep, spec = option.partition("=")
     if not sep:
@@ -148,7 +141,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--hidden-dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     parser.add_argument("--repeats", type=int, default=None, help="timed calls per point (default 200 on CUDA, 20 on CPU)")
     options = parser.parse_args(argv)
-    device = _resolve_device(options.device)
+    device = resolve_device(options.device)
     try:
         counts = [int(c) for c in options.counts.split(",") if c.strip()]
     except ValueError:

@@ -56,8 +56,9 @@ class SpecExtrasRelay:
                 f"a relay needs pool >= 1, topk >= 1 and hidden_size >= 1 or None; "
                 f"got pool={pool}, topk={topk}, hidden_size={hidden_size}")
         self.pool, self.topk, self.gather = pool, topk, gather
-        self.device = torch.device(device)
-        self.topk_p_buf = torch.zeros(pool, topk, dtype=torch.float32, device=self.device)
+        self.topk_p_buf = torch.zeros(pool, topk, dtype=torch.float32, device=device)
+        # The allocated buffer's device carries the index ("cuda:0"), so comparisons with tensors agree.
+        self.device = self.topk_p_buf.device
         self.topk_index_buf = torch.zeros(pool, topk, dtype=torch.int64, device=self.device)
         self.output_tokens_buf = torch.full((pool,), SENTINEL, dtype=torch.int64, device=self.device)
         self.hidden_states_buf = (

@@ -15,17 +15,6 @@ from harness.gather.cases import random_values
 from harness.graphs import GraphCapturer
 
 
-@pytest.fixture
-def _dynamo_restored_after_emulated_capture(graph_backend):
-    """The emulated backend records under a TorchDispatchMode; dynamo skips a compiled frame that runs
-    under one and remembers the skip for that code object for the rest of the process. Without a
-    reset, every later test in this worker would silently check the candidate's eager path."""
-    yield
-    if graph_backend.name == "emulated":
-        torch._dynamo.reset()
-
-
-@pytest.mark.usefixtures("_dynamo_restored_after_emulated_capture")
 @pytest.mark.parametrize("with_hidden", [True, False], ids=["hidden", "no-hidden"])
 def test_replay_after_refilling_indices_and_sources(gather_impl, graph_backend, device, failure_context,
                                                     with_hidden):

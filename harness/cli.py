@@ -1,7 +1,7 @@
 """``python -m harness`` (also ``graph-harness``): selfcheck and benchmarks.
 
     python -m harness selfcheck [--component C ...] [--graph-backend B] [--device D] [--jobs N] [--json PATH]
-    python -m harness bench gather [options of that benchmark]
+    python -m harness bench gather|runner [options of that benchmark]
 """
 
 from __future__ import annotations
@@ -19,7 +19,10 @@ from harness.graphs import BACKEND_NAMES
 
 __all__ = ["main"]
 
-BENCHMARKS = {"gather": "harness.gather.bench"}
+BENCHMARKS = {
+    "gather": "harness.gather.bench",  # launches and microseconds per call, compile time and graph count
+    "runner": "harness.runner.measure",  # replay-vs-eager differences per model and dtype, against the tolerance table
+}
 
 
 def _project_root() -> Path:

@@ -3,7 +3,7 @@
 The numbers behind :data:`harness.compare.TOLERANCES` for layer stacks: run it on the machine and
 backend in question and record the worst case next to the table.
 
-    python -m harness.runner.measure --device cuda --graph-backend cuda --json measured.json
+    python -m harness bench runner --device cuda --graph-backend cuda --json measured.json
 
 For each model and dtype it replays random batches (all logits, all hidden states) and reports the
 largest absolute difference to eager on the same batch and the largest *tolerance use*
@@ -21,6 +21,7 @@ from typing import Any, Sequence
 import torch
 
 from harness.compare import tolerance_for
+from harness.devices import DEVICE_CHOICES, resolve_device
 from harness.graphs import GraphCapturer, get_backend
 from harness.models import build_model
 from harness.runner.batch import ForwardBatch
@@ -72,15 +73,15 @@ def measure(*, device: str = "cpu", graph_backend: str = "emulated", models: Seq
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness.runner.measure", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--device", default="cpu")
+    parser = argparse.ArgumentParser(prog="python -m harness bench runner", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="auto", choices=DEVICE_CHOICES)
     parser.add_argument("--graph-backend", default="emulated", choices=("emulated", "cuda"))
     parser.add_argument("--models", nargs="+", default=["dense", "moe", "vlm"])
     parser.add_argument("--dtypes", nargs="+", default=list(_DTYPES), choices=list(_DTYPES))
     parser.add_argument("--batches", type=int, default=20)
     parser.add_argument("--json", help="also write the rows here")
     options = parser.parse_args(argv)
-    rows = measure(device=options.device, graph_backend=options.graph_backend, models=options.models,
+    rows = measure(device=str(resolve_device(options.device)), graph_backend=options.graph_backend, models=options.models,
                    dtypes=options.dtypes, batches=options.batches)
     print(f"{'model':8} {'dtype':9} {'max |replay-eager|':>19} {'tolerance use':>14}")
     for row in rows:

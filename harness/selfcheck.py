@@ -44,7 +44,7 @@ def _suite_dir(component: str, root: Path) -> Path:
 
 
 def run_one(impl: impls.Implementation, *, graph_backend: str, device: str, root: Path,
-            extra_args: list[str] | None = None) -> Outcome:
+            extra_args: list[str] | None = None, threads: int | None = None) -> Outcome:
     command = [
         sys.executable, "-m", "pytest", str(_suite_dir(impl.component, root)), "-x", "-q", "-p", "no:cacheprovider",
         "-rfE", "--impl", f"{impl.component}={impl.name}", "--graph-backend", graph_backend, "--device", device,
@@ -52,6 +52,8 @@ def run_one(impl: impls.Implementation, *, graph_backend: str, device: str, root
     ]
     environment = dict(os.environ)
     environment.setdefault("HYPOTHESIS_PROFILE", "selfcheck")  # ci's examples, no shrinking
+    if threads:  # concurrent pytest processes must not each start a full intra-op thread pool
+        environment.setdefault("OMP_NUM_THREADS", str(threads))
     started = time.perf_counter()
     completed = subprocess.run(command, cwd=root, env=environment, capture_output=True, text=True)
     seconds = time.perf_counter() - started
@@ -79,7 +81,8 @@ def run_selfcheck(*, components: list[str], graph_backend: str, device: str, job
         candidates.append(registered["reference"])
         candidates.extend(impl for impl in registered.values() if impl.kind == "mutant")
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = [pool.submit(run_one, impl, graph_backend=graph_backend, device=device, root=root)
+        threads = max(1, (os.cpu_count() or 1) // max(1, jobs))
+        futures = [pool.submit(run_one, impl, graph_backend=graph_backend, device=device, root=root, threads=threads)
                    for impl in candidates]
         return [future.result() for future in futures]
 

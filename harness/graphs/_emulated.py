@@ -134,35 +134,34 @@ class _Recorder(TorchDispatchMode):
         kwargs = kwargs or {}
         check_capturable(func, args, kwargs)
         result = func(*args, **kwargs)
+        flat_result, _ = tree_flatten(result)
+        if func.overloadpacket.__name__ == "lift_fresh":
+            # torch.tensor(...) constants are made outside dispatch and only lifted here; like CUDA's
+            # captured constants they belong to the graph, and lifting them again at replay is a no-op.
+            self._own(flat_result)
+            return result
         leaves, spec = tree_flatten((args, kwargs))
         input_storages = {_storage_key(leaf) for leaf in leaves if isinstance(leaf, torch.Tensor)}
         recorded_leaves = [
-            _ExternalTensor.of(leaf)
-            if isinstance(leaf, torch.Tensor) and _storage_key(leaf) not in self.pool.owned_storages
-            and _storage_key(leaf) is not None
-            else leaf
+            _ExternalTensor.of(leaf) if isinstance(leaf, torch.Tensor) and self._is_external(leaf) else leaf
             for leaf in leaves
         ]
-        refresh = []
-        flat_result, _ = tree_flatten(result)
-        for position, out in enumerate(flat_result):
-            if not isinstance(out, torch.Tensor):
-                continue
-            key = _storage_key(out)
-            if key in input_storages:  # a view or an in-place result: replaying the op updates it
-                continue
+        # Views and in-place results share an input's storage: replaying the op updates them already.
+        fresh = [(position, out) for position, out in enumerate(flat_result)
+                 if isinstance(out, torch.Tensor) and _storage_key(out) not in input_storages]
+        self._own(out for _, out in fresh)
+        self.ops.append(_RecordedOp(func, spec, recorded_leaves, fresh))
+        return result
+
+    def _own(self, tensors: Any) -> None:
+        for tensor in tensors:
+            key = _storage_key(tensor) if isinstance(tensor, torch.Tensor) else None
             if key is not None:
                 self.pool.owned_storages.add(key)
-            if func.overloadpacket.__name__ not in ("lift_fresh", "lift_fresh_copy"):
-                refresh.append((position, out))
-        if func.overloadpacket.__name__ in ("lift_fresh",):
-            # torch.tensor(...) constants: their storage is made outside dispatch but belongs to the graph.
-            for out in flat_result:
-                if isinstance(out, torch.Tensor) and _storage_key(out) is not None:
-                    self.pool.owned_storages.add(_storage_key(out))
-            return result
-        self.ops.append(_RecordedOp(func, spec, recorded_leaves, refresh))
-        return result
+
+    def _is_external(self, tensor: torch.Tensor) -> bool:
+        key = _storage_key(tensor)
+        return key is not None and key not in self.pool.owned_storages
 
 
 class _EmulatedRecording:

@@ -58,9 +58,3 @@ def compiled_gather(
 ) -> GatherOutputs:
     """The reference: the four gathers in one ``torch.compile(dynamic=True)`` function."""
     return _compiled(indices, topk_p_buf, topk_index_buf, output_tokens_buf, hidden_states_buf)
-
-
-# Measured on torch 2.11 + H200 at 64 indices (python -m harness bench gather): inductor puts the two
-# [n, topk] gathers in one kernel and keeps bonus_tokens and hidden_states in kernels of their own,
-# so the fusion saves one launch per call, not three. The launch suite holds the reference to it on CUDA.
-compiled_gather.promised_kernel_launches = {"with_hidden": 3, "without_hidden": 2}  # type: ignore[attr-defined]

@@ -16,7 +16,8 @@ import torch
 
 from harness.errors import MismatchError
 
-__all__ = ["Tolerance", "TOLERANCES", "tolerance_for", "assert_equivalent", "describe_mismatch"]
+__all__ = ["Tolerance", "TOLERANCES", "tolerance_for", "assert_equivalent", "describe_mismatch",
+           "format_context"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +54,8 @@ def tolerance_for(dtype: torch.dtype) -> Tolerance:
     return TOLERANCES.get(dtype, Tolerance(0.0, 0.0, "exact: integer, bool or float8 values"))
 
 
-def _format_context(context: Mapping[str, Any] | None) -> str:
+def format_context(context: Mapping[str, Any] | None) -> str:
+    """The context lines appended to every failure message (implementation, seed, reproduce, ...)."""
     if not context:
         return ""
     return "".join(f"\n  {key}: {value}" for key, value in context.items())
@@ -160,4 +162,4 @@ def assert_equivalent(actual: Any, expected: Any, *, exact: bool, context: Mappi
     if problems:
         shown = problems[:5]
         more = f"\n  ... and {len(problems) - 5} more" if len(problems) > 5 else ""
-        raise MismatchError("\n".join(shown) + more + _format_context(context))
+        raise MismatchError("\n".join(shown) + more + format_context(context))

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from harness import impls, pytest_support
-from harness.compare import assert_equivalent
+from harness.compare import assert_equivalent, format_context
 from harness.gather import (
     BUFFER_NAMES,
     OUTPUT_NAMES,
@@ -46,7 +46,7 @@ def assert_contract(actual: Any, inputs: GatherInputs, *, expected: Any, origina
             if source is not None and _storage_ptr(out) == _storage_ptr(source):
                 raise AssertionError(
                     f"output {out_name} shares memory with input {source_name}: a gather must return new tensors"
-                    + "".join(f"\n  {k}: {v}" for k, v in context.items()))
+                    + format_context(context))
     assert_equivalent(list(inputs.args), originals, exact=True,
                       context={"problem": "the gather modified an input (indices or a source buffer)", **context})
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from harness.compare import format_context
 from harness.gather import GatherCase
 from harness.gather.probe import ProbeCase, probe
 
@@ -41,4 +42,4 @@ def test_index_domain_in_child_processes(gather_impl, device, failure_context):
              for name in cases if results[name].outcome != required[name]]
     context = failure_context(seed=11, pool=_POOL)
     assert not wrong, (f"{gather_impl.name} mishandles the index domain:\n  " + "\n  ".join(wrong)
-                       + "".join(f"\n  {key}: {value}" for key, value in context.items()))
+                       + format_context(context))

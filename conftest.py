@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from harness import pytest_support
+from harness.compare import bitwise_expected
 from harness.graphs import GraphBackend
 
 pytest_support.register_hypothesis_profiles()
@@ -27,21 +28,36 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_report_header(config: pytest.Config) -> str:
     from hypothesis import settings
 
+    session = pytest_support.session_of(config)
     return (
-        f"harness: device={config.harness_device}, graph backend={config.harness_backend.name}, "
-        f"impls={config.harness_impls or 'reference'}, hypothesis profile={settings._current_profile}, "
+        f"harness: device={session.device}, graph backend={session.backend.name}, "
+        f"impls={session.impl_specs or 'reference'}, hypothesis profile={settings._current_profile}, "
         f"torch {torch.__version__}"
     )
 
 
 @pytest.fixture(scope="session")
 def device(pytestconfig: pytest.Config) -> torch.device:
-    return pytestconfig.harness_device
+    return pytest_support.session_of(pytestconfig).device
 
 
 @pytest.fixture(scope="session")
 def graph_backend(pytestconfig: pytest.Config) -> GraphBackend:
-    return pytestconfig.harness_backend
+    return pytest_support.session_of(pytestconfig).backend
+
+
+@pytest.fixture(scope="session")
+def implementation_under_test(pytestconfig: pytest.Config):
+    """``implementation_under_test(component)``: the selected :class:`harness.impls.Implementation`
+    record (its ``name`` is the spec, for failure messages)."""
+    return lambda component: pytest_support.selected_implementation(pytestconfig, component)
+
+
+@pytest.fixture
+def exact_comparison(graph_backend: GraphBackend, device: torch.device):
+    """``exact_comparison(dtype)``: whether a replay is held bitwise to eager here
+    (:func:`harness.compare.bitwise_expected`), else to the tolerance table."""
+    return lambda dtype: bitwise_expected(backend=graph_backend.name, device=device, dtype=dtype)
 
 
 @pytest.fixture
@@ -50,11 +66,8 @@ def failure_context(request: pytest.FixtureRequest):
     return lambda **details: pytest_support.failure_context(request, **details)
 
 
-@pytest.fixture(scope="session")
-def graphs_impl(pytestconfig: pytest.Config):
-    """The ``graphs`` implementation under test, already bound to the selected backend."""
-    factory = pytest_support.selected_implementation(pytestconfig, "graphs").obj
-    return factory(pytestconfig.harness_backend)
+# One fixture per component of the table: graph_capturer, runner_factory, gather_function, ...
+globals().update(pytest_support.implementation_fixtures())
 
 
 @pytest.fixture

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
+import time
 from pathlib import Path
 
 from harness import impls
@@ -42,12 +42,16 @@ def _selfcheck(arguments: argparse.Namespace) -> int:
     if unknown:
         raise HarnessError(f"unknown component(s) {', '.join(unknown)}; known: {', '.join(available)}")
     root = _project_root()
-    chosen = [c for c in chosen if (root / "suites" / c).is_dir()] or chosen
+    started = time.perf_counter()
     outcomes = selfcheck.run_selfcheck(components=chosen, graph_backend=arguments.graph_backend,
                                        device=arguments.device, jobs=arguments.jobs, root=root)
+    wall = time.perf_counter() - started
     print(selfcheck.format_matrix(outcomes))
+    print(f"whole matrix: {wall:.0f} s")
     if arguments.json:
-        selfcheck.write_json(outcomes, arguments.json)
+        selfcheck.write_json(outcomes, arguments.json, wall_seconds=round(wall, 1))
+    if not arguments.keep_hints:
+        selfcheck.write_hints(root, outcomes)
     return 0 if all(o.ok for o in outcomes) else 1
 
 
@@ -65,8 +69,11 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("--component", action="append", help="limit to this component (repeatable)")
     check.add_argument("--graph-backend", choices=BACKEND_NAMES, default="auto")
     check.add_argument("--device", choices=DEVICE_CHOICES, default="auto")
-    check.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="pytest processes at once")
-    check.add_argument("--json", help="also write the kill matrix as JSON here")
+    check.add_argument("--jobs", type=int, default=None,
+                       help="pytest processes at once (default: 4 per GPU on a CUDA device, else the CPU cores)")
+    check.add_argument("--json", help="also write the kill matrix as JSON here (with seconds to kill per run)")
+    check.add_argument("--keep-hints", action="store_true",
+                       help="do not rewrite golden/selfcheck/kill_matrix.json (which test killed each mutant)")
     bench = commands.add_parser("bench", help="benchmarks that print a table and write JSON")
     bench.add_argument("target", help=f"what to benchmark: {', '.join(BENCHMARKS)}")
     arguments, rest = parser.parse_known_args(argv)

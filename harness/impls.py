@@ -2,25 +2,22 @@
 
 Suites never import an implementation directly; they ask for the one selected for their
 component (``--impl COMPONENT=SPEC`` on the command line, the reference otherwise). A SPEC is
-either a registered name (``reference``, ``mutant:<name>``) or ``package.module:attribute``.
-
-What an implementation object must be depends on its component; each component registers a
-``validator`` that turns a loaded object into the form its suites call, or raises
-:class:`~harness.errors.ImplementationError` saying what is wrong with it.
+either a registered name (``reference``, ``mutant:<name>``, a component's other registered names)
+or ``package.module:attribute``. What is registered comes from the component table
+(:mod:`harness.components`) and each component's mutant module; nothing registers itself on import.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
-from typing import Any, Callable
+from typing import Any
 
+from harness import components as _components
 from harness.errors import ImplementationError, UsageError
 
 __all__ = [
     "Implementation",
-    "register",
-    "register_component",
     "components",
     "implementations",
     "mutants",
@@ -48,63 +45,36 @@ class Implementation:
         return f"{self.component}={self.name}"
 
 
-_VALIDATORS: dict[str, Callable[[Any, str], Any]] = {}
-_REGISTRY: dict[str, dict[str, Implementation]] = {}
-# Modules that register implementations; imported lazily so that `import harness` stays cheap.
-_PROVIDERS: dict[str, list[str]] = {}
-
-
-def register_component(component: str, *, validator: Callable[[Any, str], Any], providers: list[str]) -> None:
-    """Declare a component, how to check a candidate object, and which modules register entries."""
-    _VALIDATORS[component] = validator
-    _PROVIDERS[component] = list(providers)
-    _REGISTRY.setdefault(component, {})
-
-
-def register(component: str, name: str, obj: Any, *, kind: str = "reference", bug: str = "") -> Any:
-    """Register ``obj`` as implementation ``name`` of ``component``; returns ``obj`` (usable as a decorator helper)."""
-    if kind == "mutant" and not name.startswith("mutant:"):
-        name = f"mutant:{name}"
-    _REGISTRY.setdefault(component, {})[name] = Implementation(component, name, obj, kind, bug)
-    return obj
-
-
-def _ensure_loaded(component: str) -> None:
-    for module in _PROVIDERS.get(component, ()):
-        importlib.import_module(module)
-
-
 def components() -> tuple[str, ...]:
-    _ensure_components_declared()
-    return tuple(_VALIDATORS)
+    return _components.component_names()
+
+
+def _row(component: str) -> _components.Component:
+    try:
+        return _components.get_component(component)
+    except UsageError as error:
+        raise UsageError(f"{error} (in --impl)") from None
 
 
 def implementations(component: str) -> dict[str, Implementation]:
-    _check_component(component)
-    _ensure_loaded(component)
-    return dict(_REGISTRY.get(component, {}))
+    """Every registered implementation of ``component``: the reference, other names, the mutants."""
+    row = _row(component)
+    registered = {"reference": Implementation(component, "reference", _components.resolve(row.reference))}
+    for name, target in row.also_registered.items():
+        registered[name] = Implementation(component, name, _components.resolve(target))
+    for mutant in mutants(component):
+        registered[mutant.name] = mutant
+    return registered
 
 
 def mutants(component: str) -> list[Implementation]:
-    return [impl for impl in implementations(component).values() if impl.kind == "mutant"]
-
-
-def _ensure_components_declared() -> None:
-    # Components declare themselves when their package is imported.
-    importlib.import_module("harness.graphs")
-    for module in ("harness.runner", "harness.gather"):
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as error:  # a component not built yet is simply absent
-            if error.name != module:
-                raise
-
-
-def _check_component(component: str) -> None:
-    _ensure_components_declared()
-    if component not in _VALIDATORS:
-        known = ", ".join(sorted(_VALIDATORS)) or "none"
-        raise UsageError(f"unknown component {component!r} in --impl; known components: {known}")
+    """The component's mutants, in the order its mutant module declares them."""
+    row = _row(component)
+    mutant_set = getattr(importlib.import_module(row.mutants), "MUTANTS", None)
+    if mutant_set is None or getattr(mutant_set, "component", None) != component:
+        raise ImplementationError(
+            f"{row.mutants} must define MUTANTS = MutantSet({component!r}) (see docs/adding-a-component.md)")
+    return [Implementation(component, mutant.spec_name, mutant.obj, "mutant", mutant.bug) for mutant in mutant_set]
 
 
 def parse_impl_option(option: str) -> tuple[str, str]:
@@ -118,20 +88,23 @@ def parse_impl_option(option: str) -> tuple[str, str]:
     return component.strip(), spec.strip()
 
 
+def validate(component: str, obj: Any, spec: str) -> Any:
+    """Run the component's validator on ``obj``; returns the object in the form the suites call."""
+    return _components.resolve(_row(component).validator)(obj, spec)
+
+
 def load(component: str, spec: str = "reference") -> Implementation:
     """Resolve ``spec`` for ``component`` to a validated :class:`Implementation`."""
-    _check_component(component)
-    _ensure_loaded(component)
-    registered = _REGISTRY.get(component, {})
-    if spec in registered:
-        impl = registered[spec]
-        return dataclasses.replace(impl, obj=_VALIDATORS[component](impl.obj, impl.spec))
+    _row(component)
     if ":" not in spec or spec.startswith("mutant:"):
-        known = ", ".join(sorted(registered))
-        raise UsageError(
-            f"--impl {component}={spec}: no registered implementation of that name and not of the form "
-            f"'package.module:attribute'. Registered for {component}: {known}"
-        )
+        registered = implementations(component)
+        if spec not in registered:
+            raise UsageError(
+                f"--impl {component}={spec}: no registered implementation of that name and not of the form "
+                f"'package.module:attribute'. Registered for {component}: {', '.join(sorted(registered))}"
+            )
+        impl = registered[spec]
+        return dataclasses.replace(impl, obj=validate(component, impl.obj, impl.spec))
     module_name, _, attribute_path = spec.partition(":")
     try:
         module = importlib.import_module(module_name)
@@ -148,4 +121,4 @@ def load(component: str, spec: str = "reference") -> Implementation:
             raise ImplementationError(
                 f"--impl {component}={spec}: module {module_name!r} has no attribute {attribute_path!r}"
             ) from None
-    return Implementation(component, spec, _VALIDATORS[component](obj, f"{component}={spec}"), "external")
+    return Implementation(component, spec, validate(component, obj, f"{component}={spec}"), "external")

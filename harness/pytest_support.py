@@ -5,28 +5,49 @@ The only module of the harness that imports pytest; the root ``conftest.py`` wir
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 import torch
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 
-from harness import impls
+from harness import components, impls
 from harness.devices import DEVICE_CHOICES, resolve_device
 from harness.errors import HarnessError, UsageError
 from harness.graphs import BACKEND_NAMES, GraphBackend, get_backend
 
 __all__ = [
+    "HarnessSession",
+    "SESSION_KEY",
+    "session_of",
     "add_options",
     "configure",
     "resolve_backend",
     "selected_implementation",
+    "implementation_fixtures",
     "reproduce_command",
     "register_hypothesis_profiles",
 ]
+
+
+@dataclasses.dataclass(frozen=True)
+class HarnessSession:
+    """What the options selected, validated once at start-up: kept in ``config.stash[SESSION_KEY]``."""
+
+    device: torch.device
+    backend: GraphBackend
+    impl_specs: dict[str, str]  # component -> spec, only those given with --impl
+
+
+SESSION_KEY = pytest.StashKey[HarnessSession]()
+
+
+def session_of(config: pytest.Config) -> HarnessSession:
+    return config.stash[SESSION_KEY]
 
 
 def add_options(parser: pytest.Parser) -> None:
@@ -94,31 +115,46 @@ def configure(config: pytest.Config) -> None:
             impls.load(component, spec)  # fail now, with the reason, rather than in each test
     except HarnessError as error:
         raise pytest.UsageError(str(error)) from None
-    config.harness_device = device  # type: ignore[attr-defined]
-    config.harness_backend = backend  # type: ignore[attr-defined]
-    config.harness_impls = selected  # type: ignore[attr-defined]
+    config.stash[SESSION_KEY] = HarnessSession(device, backend, selected)
 
 
 def selected_implementation(config: pytest.Config, component: str) -> impls.Implementation:
-    return impls.load(component, config.harness_impls.get(component, "reference"))  # type: ignore[attr-defined]
+    """The implementation of ``component`` under test: the one ``--impl`` names, else the reference."""
+    return impls.load(component, session_of(config).impl_specs.get(component, "reference"))
+
+
+def _implementation_fixture(row: components.Component) -> Callable[..., Any]:
+    def fixture(pytestconfig: pytest.Config) -> Any:
+        implementation = selected_implementation(pytestconfig, row.name).obj
+        return implementation(session_of(pytestconfig).backend) if row.binds_backend else implementation
+
+    fixture.__doc__ = (f"The {row.name} implementation under test ({row.summary})"
+                       + (", bound to the selected graph backend." if row.binds_backend else "."))
+    fixture.__name__ = row.fixture
+    return pytest.fixture(scope="session", name=row.fixture)(fixture)
+
+
+def implementation_fixtures() -> dict[str, Callable[..., Any]]:
+    """One session fixture per row of the component table, named by the row's ``fixture``; the root
+    conftest publishes them. Each yields what its suites call (a capturer, a factory, a function)."""
+    return {row.fixture: _implementation_fixture(row) for row in components.COMPONENTS}
 
 
 def reproduce_command(request: pytest.FixtureRequest) -> str:
     """The command line that reruns this test with the same device, backend and implementations."""
-    config = request.config
-    parts = ["pytest", request.node.nodeid, "--device", config.harness_device.type,  # type: ignore[attr-defined]
-             "--graph-backend", config.harness_backend.name]  # type: ignore[attr-defined]
-    for component, spec in config.harness_impls.items():  # type: ignore[attr-defined]
+    session = session_of(request.config)
+    parts = ["pytest", request.node.nodeid, "--device", session.device.type, "--graph-backend", session.backend.name]
+    for component, spec in session.impl_specs.items():
         parts += ["--impl", f"{component}={spec}"]
     return shlex.join(parts)
 
 
 def failure_context(request: pytest.FixtureRequest, /, **details: Any) -> dict[str, Any]:
     """Context for :func:`harness.compare.assert_equivalent` failure messages."""
-    config = request.config
+    session = session_of(request.config)
     context: dict[str, Any] = {
-        "implementations": dict(config.harness_impls) or "reference",  # type: ignore[attr-defined]
-        "backend": config.harness_backend.name,  # type: ignore[attr-defined]
+        "implementations": dict(session.impl_specs) or "reference",
+        "backend": session.backend.name,
     }
     context.update(details)
     context["reproduce"] = reproduce_command(request)

@@ -2,6 +2,11 @@
 
 Each run is a separate pytest process (``pytest suites/<component> --impl <component>=<spec> -x``):
 a mutant may corrupt global state or crash the interpreter, and must not take the check with it.
+
+A mutant's run starts with the test that killed it last (the committed hint file
+:data:`HINTS_PATH`, rewritten after every selfcheck), then the rest of its suite, so a mutant dies
+in the first seconds; the reference always runs the whole suite. Each outcome records the seconds
+from the process start to its first failure, and the total.
 """
 
 from __future__ import annotations
@@ -13,14 +18,20 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-from harness import impls
+from harness import components, impls
 
-__all__ = ["Outcome", "run_one", "run_selfcheck", "format_matrix"]
+__all__ = ["Outcome", "HINTS_PATH", "default_jobs", "run_one", "run_selfcheck", "format_matrix", "write_json",
+           "read_hints", "write_hints"]
 
 _FAILED_LINE = re.compile(r"^(?:FAILED|ERROR) (\S+)", re.MULTILINE)
+# Which test killed which mutant last, per graph backend; relative to the project root.
+HINTS_PATH = Path("golden") / "selfcheck" / "kill_matrix.json"
+# Concurrent pytest processes per GPU: a handful share one device well; more only queue on it.
+PROCESSES_PER_GPU = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,37 +39,86 @@ class Outcome:
     component: str
     spec: str
     kind: str
-    verdict: str  # passed / killed / survived / error
+    verdict: str  # passed / killed / survived / failed / error
     first_failure: str
-    seconds: float
+    seconds: float  # the whole process
     command: str
     bug: str = ""
+    seconds_to_first_failure: float | None = None
+    graph_backend: str = ""
 
     @property
     def ok(self) -> bool:
         return self.verdict == ("passed" if self.kind == "reference" else "killed")
 
 
-def _suite_dir(component: str, root: Path) -> Path:
-    return root / "suites" / component
+def default_jobs(device: str) -> int:
+    """Processes at once: a handful per GPU on a CUDA device (never more than the cores), else the cores."""
+    cores = os.cpu_count() or 1
+    if device in ("cuda", "auto"):
+        import torch
+
+        if torch.cuda.is_available():
+            return max(1, min(cores, PROCESSES_PER_GPU * torch.cuda.device_count()))
+    return cores
+
+
+def read_hints(root: Path) -> dict[tuple[str, str, str], str]:
+    """``(component, mutant spec, graph backend) -> killing test node id`` from the hint file."""
+    path = root / HINTS_PATH
+    if not path.is_file():
+        return {}
+    entries = json.loads(path.read_text())["kills"]
+    return {(e["component"], e["mutant"], e["graph_backend"]): e["killing_test"] for e in entries}
+
+
+def write_hints(root: Path, outcomes: list[Outcome]) -> None:
+    """Record each killed mutant's killing test; entries of other components and backends are kept."""
+    hints = read_hints(root)
+    for outcome in outcomes:
+        if outcome.verdict == "killed" and outcome.first_failure:
+            hints[outcome.component, outcome.spec, outcome.graph_backend] = outcome.first_failure
+    kills = [{"component": c, "mutant": m, "graph_backend": b, "killing_test": t}
+             for (c, m, b), t in sorted(hints.items())]
+    path = root / HINTS_PATH
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"about": "the test that killed each mutant last; selfcheck runs it first and "
+                                         "rewrites this file (review its diff like a golden)",
+                                "kills": kills}, indent=2) + "\n")
+
+
+def _effective_backend(graph_backend: str, device: str) -> str:
+    if graph_backend != "auto":
+        return graph_backend
+    import torch
+
+    return "cuda" if device != "cpu" and torch.cuda.is_available() else "emulated"
 
 
 def run_one(impl: impls.Implementation, *, graph_backend: str, device: str, root: Path,
-            extra_args: list[str] | None = None, threads: int | None = None) -> Outcome:
+            extra_args: list[str] | None = None, threads: int | None = None, first: str = "") -> Outcome:
+    """Run ``impl`` against its component's suite in a child pytest process, ``first`` (a node id) first."""
+    suite = components.get_component(impl.component).suite
     command = [
-        sys.executable, "-m", "pytest", str(_suite_dir(impl.component, root)), "-x", "-q", "-p", "no:cacheprovider",
-        "-rfE", "--impl", f"{impl.component}={impl.name}", "--graph-backend", graph_backend, "--device", device,
-        *(extra_args or []),
+        sys.executable, "-m", "pytest", str(root / suite), "-x", "-q", "-p", "no:cacheprovider",
+        "-p", "harness._selfcheck_plugin", "-rfE", "--impl", f"{impl.component}={impl.name}",
+        "--graph-backend", graph_backend, "--device", device, *(extra_args or []),
     ]
     environment = dict(os.environ)
     environment.setdefault("HYPOTHESIS_PROFILE", "selfcheck")  # ci's examples, no shrinking
     if threads:  # concurrent pytest processes must not each start a full intra-op thread pool
         environment.setdefault("OMP_NUM_THREADS", str(threads))
-    started = time.perf_counter()
-    completed = subprocess.run(command, cwd=root, env=environment, capture_output=True, text=True)
-    seconds = time.perf_counter() - started
+    environment["HARNESS_RUN_FIRST"] = first if impl.kind != "reference" else ""
+    with tempfile.TemporaryDirectory() as scratch:
+        report_path = Path(scratch) / "first_failure.json"
+        environment["HARNESS_FIRST_FAILURE"] = str(report_path)
+        environment["HARNESS_STARTED_AT"] = repr(time.time())
+        started = time.perf_counter()
+        completed = subprocess.run(command, cwd=root, env=environment, capture_output=True, text=True)
+        seconds = time.perf_counter() - started
+        first_failure = json.loads(report_path.read_text()) if report_path.is_file() else None
     output = completed.stdout + completed.stderr
-    failures = _FAILED_LINE.findall(output)
+    failures = [first_failure["nodeid"]] if first_failure else _FAILED_LINE.findall(output)
     if completed.returncode == 0:
         verdict = "passed" if impl.kind == "reference" else "survived"
     elif completed.returncode == 1:
@@ -67,40 +127,53 @@ def run_one(impl: impls.Implementation, *, graph_backend: str, device: str, root
         verdict = "error"
         tail = [line for line in output.strip().splitlines() if line.strip()][-1:] or ["(no output)"]
         failures = failures or [f"pytest exit {completed.returncode}: {tail[0][:160]}"]
-    display = " ".join(["pytest", f"suites/{impl.component}", "--impl", f"{impl.component}={impl.name}",
+    display = " ".join(["pytest", suite, "--impl", f"{impl.component}={impl.name}",
                         "--graph-backend", graph_backend, "--device", device, "-x"])
     return Outcome(impl.component, impl.name, impl.kind, verdict, failures[0] if failures else "", seconds,
-                   display, impl.bug)
+                   display, impl.bug, first_failure["seconds"] if first_failure else None,
+                   _effective_backend(graph_backend, device))
 
 
-def run_selfcheck(*, components: list[str], graph_backend: str, device: str, jobs: int,
+def run_selfcheck(*, components: list[str], graph_backend: str, device: str, jobs: int | None,
                   root: Path) -> list[Outcome]:
+    """The reference and every mutant of each component, ``jobs`` processes at once."""
+    jobs = jobs or default_jobs(device)
+    backend = _effective_backend(graph_backend, device)
+    hints = read_hints(root)
     candidates = []
     for component in components:
         registered = impls.implementations(component)
         candidates.append(registered["reference"])
         candidates.extend(impl for impl in registered.values() if impl.kind == "mutant")
+    # The reference runs the whole suite: start it first so it does not finish last.
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         threads = max(1, (os.cpu_count() or 1) // max(1, jobs))
-        futures = [pool.submit(run_one, impl, graph_backend=graph_backend, device=device, root=root, threads=threads)
+        futures = [pool.submit(run_one, impl, graph_backend=graph_backend, device=device, root=root, threads=threads,
+                               first=hints.get((impl.component, impl.name, backend), ""))
                    for impl in candidates]
         return [future.result() for future in futures]
 
 
 def format_matrix(outcomes: list[Outcome]) -> str:
-    rows = [("component", "implementation", "verdict", "seconds", "first failing test")]
+    rows = [("component", "implementation", "verdict", "to kill", "total", "first failing test")]
     for outcome in outcomes:
+        to_kill = "-" if outcome.seconds_to_first_failure is None else f"{outcome.seconds_to_first_failure:.1f}"
         rows.append((outcome.component, outcome.spec, outcome.verdict + ("" if outcome.ok else "  <-- NOT OK"),
-                     f"{outcome.seconds:.1f}", outcome.first_failure or "-"))
-    widths = [max(len(row[i]) for row in rows) for i in range(4)]
-    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row[:4], widths)) + "  " + row[4] for row in rows]
+                     to_kill, f"{outcome.seconds:.1f}", outcome.first_failure or "-"))
+    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row[:5], widths)) + "  " + row[5] for row in rows]
     lines.insert(1, "-" * len(lines[0]))
     killed = sum(o.verdict == "killed" for o in outcomes)
     mutants = sum(o.kind == "mutant" for o in outcomes)
-    lines.append(f"\n{killed}/{mutants} mutants killed; references "
-                 + ", ".join(f"{o.component}={o.verdict}" for o in outcomes if o.kind == "reference"))
+    kill_times = sorted(o.seconds_to_first_failure for o in outcomes
+                        if o.verdict == "killed" and o.seconds_to_first_failure is not None)
+    median = f"; median seconds to kill {kill_times[len(kill_times) // 2]:.1f}" if kill_times else ""
+    lines.append(f"\n{killed}/{mutants} mutants killed{median}; references "
+                 + ", ".join(f"{o.component}={o.verdict} ({o.seconds:.0f} s)" for o in outcomes
+                             if o.kind == "reference"))
     return "\n".join(lines)
 
 
-def write_json(outcomes: list[Outcome], path: str) -> None:
-    Path(path).write_text(json.dumps([dataclasses.asdict(o) for o in outcomes], indent=2) + "\n")
+def write_json(outcomes: list[Outcome], path: str, *, wall_seconds: float | None = None) -> None:
+    document = {"wall_seconds": wall_seconds, "outcomes": [dataclasses.asdict(o) for o in outcomes]}
+    Path(path).write_text(json.dumps(document, indent=2) + "\n")

@@ -19,7 +19,6 @@ Contents: :func:`eager_gather` (the oracle), :func:`compiled_gather` (the refere
 (crash-prone cases in a child process) and :mod:`harness.gather.bench`.
 """
 
-from harness import impls
 from harness.gather.accounting import (
     COMPILED_GRAPH_BUDGET,
     CompileTally,
@@ -56,9 +55,3 @@ __all__ = [
     "LaunchCount",
     "count_launches",
 ]
-
-impls.register_component("gather", validator=validate_gather, providers=["harness.mutants.gather"])
-impls.register("gather", "reference", compiled_gather)
-# The oracle is a valid implementation too: the bench compares against it, and pointing the
-# suites at it (--impl gather=eager) checks the suites' own plumbing without a compiler.
-impls.register("gather", "eager", eager_gather)

@@ -7,12 +7,11 @@ mark where a capture breaks for eager work.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
-from harness import impls
-from harness.errors import ImplementationError, UsageError
+from harness.errors import UsageError
 from harness.graphs._backend import GraphBackend
 from harness.graphs._breakable import (
     Break,
@@ -24,6 +23,7 @@ from harness.graphs._breakable import (
     is_capturing,
     write_back,
 )
+from harness.graphs._capture_rules import HOST_SYNC_OPS, check_capturable
 from harness.graphs._cuda import CudaBackend
 from harness.graphs._emulated import EmulatedBackend
 
@@ -41,6 +41,9 @@ __all__ = [
     "break_graph",
     "is_capturing",
     "write_back",
+    "check_capturable",
+    "HOST_SYNC_OPS",
+    "run_eagerly",
 ]
 
 BACKEND_NAMES = ("auto", "cuda", "emulated")
@@ -62,17 +65,10 @@ def get_backend(name: str = "auto", *, device: torch.device | str | None = None)
     return EmulatedBackend()
 
 
-def _validate_capturer_factory(candidate: Any, spec: str) -> Any:
-    """A ``graphs`` implementation is a callable ``factory(backend)`` returning an object with ``capture``."""
-    if not callable(candidate):
-        raise ImplementationError(
-            f"--impl {spec}: expected a class or factory taking a graph backend and returning an object with "
-            f"capture(fn, *, pool=None) and new_pool(); got {type(candidate).__name__}"
-        )
-    return candidate
+def run_eagerly(fn: Callable[[], Any]) -> Any:
+    """The oracle of the ``graphs`` component: ``fn`` run eagerly, its breaks as plain calls.
 
-
-impls.register_component(
-    "graphs", validator=_validate_capturer_factory, providers=["harness.mutants.graphs"]
-)
-impls.register("graphs", "reference", GraphCapturer)
+    A replay of ``fn``'s capture, with the static inputs refilled, must equal this (bitwise on the
+    emulated backend, within the tolerance table on CUDA; see :func:`harness.compare.bitwise_expected`).
+    """
+    return fn()

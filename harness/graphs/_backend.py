@@ -20,7 +20,11 @@ class Segment(Protocol):
 
 
 class SegmentRecording(Protocol):
-    """A segment being recorded; exactly one of ``end`` or ``abort`` is called."""
+    """A segment being recorded; exactly one of ``end`` or ``abort`` is called.
+
+    A recording may also offer ``suspended()``, a context manager inside which work runs now and
+    is not recorded; :meth:`~harness.graphs.CaptureSession.run_uncaptured` uses it where present.
+    """
 
     def end(self) -> Segment: ...
 

@@ -135,7 +135,12 @@ class Break:
 
 
 class CaptureSession:
-    """One capture in progress. Safe to override: :meth:`run_break`."""
+    """One capture in progress.
+
+    Safe to override (the seams other implementations and mutants build on): :meth:`run_break`,
+    :meth:`begin_segment`, :meth:`end_segment`, :meth:`abort`, :meth:`publish` and :meth:`retract`.
+    :meth:`run_uncaptured` is offered to subclasses; the reference never calls it.
+    """
 
     def __init__(self, backend: GraphBackend, pool: Any) -> None:
         self.backend = backend
@@ -156,6 +161,36 @@ class CaptureSession:
         if recording is not None:
             recording.abort()
 
+    @property
+    def recording(self) -> SegmentRecording | None:
+        """The segment being recorded, or None between segments (inside a break)."""
+        return self._recording
+
+    def run_uncaptured(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` eagerly, outside the graph: its result is frozen into the capture and ``fn``
+        does not run at replay. Where the backend can suspend a recording it does; otherwise the
+        current segment ends and a new one begins at the backend (without calling
+        :meth:`begin_segment` again, so a subclass's per-segment set-up stays as it is)."""
+        suspended = getattr(self._recording, "suspended", None)
+        if suspended is not None:
+            with suspended():
+                return fn()
+        recording, self._recording = self._recording, None
+        if recording is not None:
+            self.steps.append(recording.end())
+        try:
+            return fn()
+        finally:
+            self._recording = self.backend.begin_segment(self.pool)
+
+    def publish(self) -> Any:
+        """Make this the capture of the current context; returns the token :meth:`retract` takes."""
+        return _ACTIVE.set(self)
+
+    def retract(self, token: Any, *, failed: bool) -> None:
+        """Undo :meth:`publish`; runs on every exit of the capture, ``failed`` when it raised."""
+        _ACTIVE.reset(token)
+
     def run_break(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         self.end_segment()
         token = _ACTIVE.set(_INSIDE_BREAK)
@@ -170,13 +205,15 @@ class CaptureSession:
     @contextlib.contextmanager
     def active(self) -> Iterator["CaptureSession"]:
         """Make this the capture of the current context; on any exception leave nothing behind."""
-        token = _ACTIVE.set(self)
+        token = self.publish()
+        failed = True
         try:
             with self.backend.capture_context():
                 self.begin_segment()
                 try:
                     yield self
                     self.end_segment()
+                    failed = False
                 except BaseException as error:
                     self.abort()
                     translated = self.backend.translate_errors(error)
@@ -184,13 +221,15 @@ class CaptureSession:
                         raise translated from error
                     raise
         finally:
-            _ACTIVE.reset(token)
+            self.retract(token, failed=failed)
 
 
 class BreakableGraph:
     """A captured graph: segments and breaks, replayed in capture order.
 
-    ``output`` is what the captured function returned; replay refreshes it in place.
+    ``output`` is what the captured function returned; replay refreshes it in place. ``steps`` is
+    the list of segments (objects with ``replay()``) and :class:`Break` records. Safe to override:
+    :meth:`replay` and :meth:`replay_break`.
     """
 
     def __init__(self, steps: list[Segment | Break], output: Any) -> None:
@@ -229,7 +268,8 @@ class GraphCapturer:
     """Reference implementation of the ``graphs`` component.
 
     ``GraphCapturer(backend).capture(fn)`` warms ``fn`` up, captures it and returns a
-    :class:`BreakableGraph`. Override ``session_class`` or ``graph_class`` to change one behaviour.
+    :class:`BreakableGraph`. Safe to override: ``session_class``, ``graph_class``, :meth:`capture`
+    and :meth:`check_not_capturing`.
     """
 
     session_class = CaptureSession

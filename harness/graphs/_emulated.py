@@ -39,7 +39,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from harness.errors import GraphHazardError
@@ -175,6 +175,12 @@ class _EmulatedRecording:
 
     def abort(self) -> None:
         self.recorder.__exit__(None, None, None)
+
+    @contextlib.contextmanager
+    def suspended(self) -> Iterator[None]:
+        """Ops run inside are not recorded (nor checked): they run once, now."""
+        with _disable_current_modes():
+            yield
 
 
 class EmulatedBackend(GraphBackend):

@@ -4,7 +4,7 @@
 attention reads the live request boundaries from :func:`forward_context`.
 """
 
-from harness.models.context import current_batch, forward_context
+from harness.batch import current_batch, forward_context
 from harness.models.engine import CausalLM, EngineModel, LogitsOutput, ModelConfig, packed_causal_attention
 from harness.models.zoo import MODEL_NAMES, build_model
 

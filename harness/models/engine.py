@@ -4,7 +4,7 @@ Every forward takes ``(input_ids, positions, batch)`` where the tensors hold the
 requests back to back and ``batch`` (a :class:`harness.runner.ForwardBatch` or anything with the
 same attributes) says where each request starts. Attention is the only place that needs the
 request boundaries; it is an :func:`~harness.graphs.eager_on_graph` break that reads them from the
-live :func:`~harness.models.context.current_batch`, so a graph captured with one dummy request
+live :func:`~harness.batch.current_batch`, so a graph captured with one dummy request
 stays correct for any split of the same number of tokens. Tokens past the batch's real tokens
 (bucket padding) attend to nothing and come out as zeros.
 """
@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from harness.graphs import eager_on_graph
-from harness.models.context import current_batch, forward_context
+from harness.batch import ForwardBatch, HiddenMode, current_batch, forward_context
 
 __all__ = [
     "ModelConfig",
@@ -222,7 +222,7 @@ class EngineModel(nn.Module):
     def embed(self, input_ids: torch.Tensor, input_embeds: torch.Tensor | None) -> torch.Tensor:
         return self.embed_tokens(input_ids) if input_embeds is None else input_embeds
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: Any,
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch,
                 input_embeds: torch.Tensor | None = None) -> torch.Tensor:
         hidden = self.embed(input_ids, input_embeds)
         for layer in self.decoder_layers:
@@ -236,7 +236,7 @@ class SideInputEngineModel(EngineModel):
 
     side_input_names = ("deepstack_embeds",)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: Any,
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch,
                 input_embeds: torch.Tensor | None = None, *,
                 deepstack_embeds: torch.Tensor | None = None) -> torch.Tensor:
         hidden = self.embed(input_ids, input_embeds)
@@ -259,11 +259,10 @@ class LogitsProcessor(nn.Module):
         super().__init__()
         self.lm_head = lm_head
 
-    def forward(self, hidden: torch.Tensor, batch: Any) -> LogitsOutput:
+    def forward(self, hidden: torch.Tensor, batch: ForwardBatch) -> LogitsOutput:
         last = hidden.index_select(0, batch.last_indices)
         logits = self.lm_head(hidden if batch.all_logits else last)
-        mode = str(batch.hidden_mode)
-        states = {"none": None, "last": last, "full": hidden}[mode]
+        states = {HiddenMode.NONE: None, HiddenMode.LAST: last, HiddenMode.FULL: hidden}[batch.hidden_mode]
         return LogitsOutput(next_token_logits=logits, hidden_states=states)
 
 
@@ -286,7 +285,7 @@ class CausalLM(nn.Module):
     def stack(self) -> nn.Module:
         return getattr(self, self.stack_attribute)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: Any,
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch,
                 input_embeds: torch.Tensor | None = None) -> LogitsOutput:
         with forward_context(batch):
             side_inputs = side_inputs_for(self.stack, batch, input_ids)
@@ -294,7 +293,7 @@ class CausalLM(nn.Module):
             return self.logits_processor(hidden, batch)
 
 
-def side_inputs_for(stack: nn.Module, batch: Any, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+def side_inputs_for(stack: nn.Module, batch: ForwardBatch, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
     """The side-input keywords ``stack`` declares, from the batch, zeros where the batch has none.
 
     Always a tensor, never ``None``: a capture freezes Python control flow, so a graph captured

@@ -15,8 +15,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from harness.batch import ForwardBatch, forward_context
 from harness.errors import UsageError
-from harness.models.context import forward_context
 from harness.models.engine import (
     CausalLM,
     EngineModel,
@@ -47,7 +47,7 @@ class VisionLanguageModel(nn.Module):
         self.language_model = CausalLM(config)
         self.embed_scale = nn.Parameter(torch.ones(config.hidden_size))
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: Any) -> LogitsOutput:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch) -> LogitsOutput:
         input_embeds = self.language_model.model.embed_tokens(input_ids) * self.embed_scale
         return self.language_model(input_ids, positions, batch, input_embeds=input_embeds)
 
@@ -62,7 +62,7 @@ class BaseAsLanguageModel(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.logits_processor = LogitsProcessor(self.lm_head)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: Any) -> LogitsOutput:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch) -> LogitsOutput:
         with forward_context(batch):
             return self.logits_processor(self.language_model(input_ids, positions, batch), batch)
 
@@ -75,7 +75,7 @@ class DecoderOnlyStack(nn.Module):
         self.config = config
         self.decoder = EngineModel(config)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: Any,
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch,
                 input_embeds: torch.Tensor | None = None) -> torch.Tensor:
         return self.decoder(input_ids, positions, batch, input_embeds)
 
@@ -88,7 +88,7 @@ class ModuleWrapper(nn.Module):
         self.config = module.config
         self.module = module
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: Any) -> Any:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch) -> Any:
         return self.module(input_ids, positions, batch)
 
 

@@ -1,1 +1,64 @@
-"""Known-bad implementations. Each reproduces one real bug class; the suites must kill every one."""
+"""Known-bad implementations. Each reproduces one real bug class; the suites must kill every one.
+
+One way to write a mutant, in every component's mutant module::
+
+    MUTANTS = MutantSet("runner")
+
+    @MUTANTS.add("forget-restore", bug="never puts layer_model.forward back")
+    class ForgetsToRestoreForward(LayerStackRunner):
+        ...
+
+A mutant is built only from the public, documented seams of the reference it breaks (the
+reference's docstrings say which methods and attributes are safe to override), so that a
+refactoring of the reference's insides cannot silently turn a mutant into the reference.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Iterator, TypeVar
+
+__all__ = ["Mutant", "MutantSet"]
+
+T = TypeVar("T")
+
+
+@dataclasses.dataclass(frozen=True)
+class Mutant:
+    """A known-bad implementation: its name, the bug in one line, and the object."""
+
+    name: str
+    bug: str
+    obj: Any
+
+    @property
+    def spec_name(self) -> str:
+        """The name ``--impl`` selects it by: ``mutant:<name>``."""
+        return f"mutant:{self.name}"
+
+
+class MutantSet:
+    """The mutants of one component, in declaration order; a module declares it as ``MUTANTS``."""
+
+    def __init__(self, component: str) -> None:
+        self.component = component
+        self._mutants: dict[str, Mutant] = {}
+
+    def add(self, name: str, *, bug: str) -> Callable[[T], T]:
+        """Decorator registering a class or function as mutant ``name``, reproducing ``bug``."""
+        if not bug.strip():
+            raise ValueError(f"mutant {name!r} of {self.component}: say in one line which bug it reproduces")
+
+        def register(obj: T) -> T:
+            if name in self._mutants:
+                raise ValueError(f"mutant {name!r} of {self.component} is declared twice")
+            self._mutants[name] = Mutant(name, bug, obj)
+            return obj
+
+        return register
+
+    def __iter__(self) -> Iterator[Mutant]:
+        return iter(self._mutants.values())
+
+    def __len__(self) -> int:
+        return len(self._mutants)

@@ -8,16 +8,19 @@ from typing import Optional
 
 import torch
 
-from harness import impls
+from harness.mutants import MutantSet
 from harness.gather.reference import GatherOutputs, compiled_gather, eager_gather
 
-__all__: list[str] = []  # everything here is reached through the registry
+__all__ = ["MUTANTS"]  # the mutants are reached through the registry, never imported by name
+
+MUTANTS = MutantSet("gather")
 
 
 def _each(indices: torch.Tensor, buffers: tuple[Optional[torch.Tensor], ...], take) -> GatherOutputs:
     return tuple(None if buf is None else take(indices, buf) for buf in buffers)  # type: ignore[return-value]
 
 
+@MUTANTS.add("drops-hidden", bug="returns hidden_states=None even when a hidden-states buffer is given")
 def drops_hidden(indices, topk_p_buf, topk_index_buf, output_tokens_buf, hidden_states_buf) -> GatherOutputs:
     topk_p, topk_index, bonus, _ = compiled_gather(indices, topk_p_buf, topk_index_buf, output_tokens_buf, None)
     return topk_p, topk_index, bonus, None
@@ -31,6 +34,7 @@ def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
+@MUTANTS.add("assumes-contiguous", bug="reads raw storage with contiguous strides, ignoring the sources' layout")
 def assumes_contiguous(indices, *buffers) -> GatherOutputs:
     # A kernel that takes the data pointer and computes offsets from the shape alone.
     def take(index, buf):
@@ -40,11 +44,13 @@ def assumes_contiguous(indices, *buffers) -> GatherOutputs:
     return _each(indices, buffers, take)
 
 
+@MUTANTS.add("no-negative-wrap", bug="negative indices are rejected instead of wrapping (index_select)")
 def no_negative_wrap(indices, *buffers) -> GatherOutputs:
     # index_select looks like a drop-in for buf[indices] but rejects negative indices.
     return _each(indices, buffers, lambda index, buf: torch.index_select(buf, 0, index))
 
 
+@MUTANTS.add("int32-offsets", bug="casts indices to int32, so large offsets overflow and int64 indices truncate")
 def int32_offsets(indices, *buffers) -> GatherOutputs:
     # Flat element offsets computed in 32 bits: index * row_width wraps around past 2**31, and an
     # int64 index beyond 2**32 is truncated to a small, valid-looking one.
@@ -59,6 +65,7 @@ def int32_offsets(indices, *buffers) -> GatherOutputs:
     return _each(indices, buffers, take)
 
 
+@MUTANTS.add("aliases-full-arange", bug="returns views aliasing the sources when the indices are a full arange")
 def aliases_full_arange(indices, *buffers) -> GatherOutputs:
     # "Identity gather" shortcut: returns the buffers themselves (views) when every slot is read in order.
     pool = buffers[0].shape[0]
@@ -67,6 +74,7 @@ def aliases_full_arange(indices, *buffers) -> GatherOutputs:
     return compiled_gather(indices, *buffers)
 
 
+@MUTANTS.add("writes-source", bug="writes the sentinel into output_tokens_buf at the gathered slots")
 def writes_source(indices, topk_p_buf, topk_index_buf, output_tokens_buf, hidden_states_buf) -> GatherOutputs:
     # The debug-build invalidation (slot := -1) leaking into the gather itself.
     outputs = eager_gather(indices, topk_p_buf, topk_index_buf, output_tokens_buf, hidden_states_buf)
@@ -74,6 +82,7 @@ def writes_source(indices, topk_p_buf, topk_index_buf, output_tokens_buf, hidden
     return outputs
 
 
+@MUTANTS.add("drops-last-odd-row", bug="loses the last row (left zero) when the index count is odd")
 def drops_last_odd_row(indices, *buffers) -> GatherOutputs:
     # A kernel vectorised over pairs of rows that never handles the tail row of an odd count.
     even = indices.shape[0] - indices.shape[0] % 2
@@ -89,6 +98,7 @@ def drops_last_odd_row(indices, *buffers) -> GatherOutputs:
 _CACHE: dict[tuple, GatherOutputs] = {}
 
 
+@MUTANTS.add("caches-by-shape", bug="reuses a cached result when only the index values change")
 def caches_by_shape(indices, *buffers) -> GatherOutputs:
     # Memoised on shapes and buffer addresses, as if the indices never changed between steps.
     key = (tuple(indices.shape), indices.dtype, indices.device,
@@ -98,28 +108,15 @@ def caches_by_shape(indices, *buffers) -> GatherOutputs:
     return _CACHE[key]
 
 
+@MUTANTS.add("upcasts-hidden", bug="returns hidden states upcast to float32")
 def upcasts_hidden(indices, topk_p_buf, topk_index_buf, output_tokens_buf, hidden_states_buf) -> GatherOutputs:
     topk_p, topk_index, bonus, hidden = compiled_gather(
         indices, topk_p_buf, topk_index_buf, output_tokens_buf, hidden_states_buf)
     return topk_p, topk_index, bonus, None if hidden is None else hidden.float()
 
 
+@MUTANTS.add("int32-bonus-tokens", bug="returns bonus_tokens as int32")
 def int32_bonus_tokens(indices, topk_p_buf, topk_index_buf, output_tokens_buf, hidden_states_buf) -> GatherOutputs:
     topk_p, topk_index, bonus, hidden = compiled_gather(
         indices, topk_p_buf, topk_index_buf, output_tokens_buf, hidden_states_buf)
     return topk_p, topk_index, bonus.to(torch.int32), hidden
-
-
-for _name, _fn, _bug in (
-    ("drops-hidden", drops_hidden, "returns hidden_states=None even when a hidden-states buffer is given"),
-    ("assumes-contiguous", assumes_contiguous, "reads raw storage with contiguous strides, ignoring the sources' layout"),
-    ("no-negative-wrap", no_negative_wrap, "negative indices are rejected instead of wrapping (index_select)"),
-    ("int32-offsets", int32_offsets, "casts indices to int32, so large offsets overflow and int64 indices truncate"),
-    ("aliases-full-arange", aliases_full_arange, "returns views aliasing the sources when the indices are a full arange"),
-    ("writes-source", writes_source, "writes the sentinel into output_tokens_buf at the gathered slots"),
-    ("drops-last-odd-row", drops_last_odd_row, "loses the last row (left zero) when the index count is odd"),
-    ("caches-by-shape", caches_by_shape, "reuses a cached result when only the index values change"),
-    ("upcasts-hidden", upcasts_hidden, "returns hidden states upcast to float32"),
-    ("int32-bonus-tokens", int32_bonus_tokens, "returns bonus_tokens as int32"),
-):
-    impls.register("gather", _name, _fn, kind="mutant", bug=_bug)

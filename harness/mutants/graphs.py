@@ -6,28 +6,18 @@ through the seams the reference exposes (``session_class``, ``graph_class``, ``c
 
 from __future__ import annotations
 
-import contextlib
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from harness import impls
 from harness.errors import CaptureError
-from harness.graphs import _breakable
-from harness.graphs._breakable import Break, BreakableGraph, CaptureSession, GraphCapturer, write_back
-from harness.graphs._capture_rules import check_capturable
-from harness.graphs._emulated import _EmulatedRecording
+from harness.graphs import Break, BreakableGraph, CaptureSession, GraphCapturer, check_capturable, write_back
+from harness.mutants import MutantSet
 
-__all__: list[str] = []  # mutants are reached through the registry only
+__all__ = ["MUTANTS"]  # the mutants are reached through the registry, never imported by name
 
-
-def _mutant(name: str, bug: str) -> Callable[[type], type]:
-    def register(cls: type) -> type:
-        impls.register("graphs", name, cls, kind="mutant", bug=bug)
-        return cls
-
-    return register
+MUTANTS = MutantSet("graphs")
 
 
 class _RerunGraph(BreakableGraph):
@@ -40,7 +30,7 @@ class _RerunGraph(BreakableGraph):
         return self.output
 
 
-@_mutant("rerun-on-replay", "replay re-runs the Python function, so it reads whatever inputs are live "
+@MUTANTS.add("rerun-on-replay", bug="replay re-runs the Python function, so it reads whatever inputs are live "
          "instead of the captured static buffers")
 class RerunOnReplay(GraphCapturer):
     def capture(self, fn: Callable[[], Any], *, pool: Any = None, warmup_runs: int = 1) -> BreakableGraph:
@@ -53,7 +43,7 @@ class _NoWritebackGraph(BreakableGraph):
         step.fn(*step.args, **step.kwargs)
 
 
-@_mutant("no-writeback", "break outputs are recomputed at replay but not written back into the captured buffers")
+@MUTANTS.add("no-writeback", bug="break outputs are recomputed at replay but not written back into the captured buffers")
 class NoWriteback(GraphCapturer):
     graph_class = _NoWritebackGraph
 
@@ -69,7 +59,7 @@ class _OutOfOrderGraph(BreakableGraph):
         return self.output
 
 
-@_mutant("out-of-order", "replay runs all eager breaks before the captured segments")
+@MUTANTS.add("out-of-order", bug="replay runs all eager breaks before the captured segments")
 class OutOfOrder(GraphCapturer):
     graph_class = _OutOfOrderGraph
 
@@ -80,7 +70,7 @@ class _SkipBreakGraph(BreakableGraph):
             super().replay_break(step)
 
 
-@_mutant("skip-break", "the last eager break is not run at replay, its captured output is reused")
+@MUTANTS.add("skip-break", bug="the last eager break is not run at replay, its captured output is reused")
 class SkipBreak(GraphCapturer):
     graph_class = _SkipBreakGraph
 
@@ -90,27 +80,18 @@ class _InlineBreakSession(CaptureSession):
         return fn(*args, **kwargs)
 
 
-@_mutant("break-captured", "a break body is captured into the graph instead of running eagerly at replay")
+@MUTANTS.add("break-captured", bug="a break body is captured into the graph instead of running eagerly at replay")
 class BreakCaptured(GraphCapturer):
     session_class = _InlineBreakSession
 
 
 class _LeakySession(CaptureSession):
-    @contextlib.contextmanager
-    def active(self) -> Iterator[CaptureSession]:
-        _breakable._ACTIVE.set(self)  # never reset on failure
-        with self.backend.capture_context():
-            self.begin_segment()
-            try:
-                yield self
-            except BaseException:
-                self.abort()
-                raise
-            self.end_segment()
-        _breakable._ACTIVE.set(None)
+    def retract(self, token: Any, *, failed: bool) -> None:
+        if not failed:  # never reset on failure
+            super().retract(token, failed=failed)
 
 
-@_mutant("state-leak-on-error", "an exception during capture leaves the capture marked active")
+@MUTANTS.add("state-leak-on-error", bug="an exception during capture leaves the capture marked active")
 class StateLeakOnError(GraphCapturer):
     session_class = _LeakySession
 
@@ -134,7 +115,7 @@ class _DroppingGraph(BreakableGraph):
         step.output = _write_back_tensors_only(step.output, step.fn(*step.args, **step.kwargs))
 
 
-@_mutant("writeback-drops-members", "writeback updates only tensor members present at capture: other dict "
+@MUTANTS.add("writeback-drops-members", bug="writeback updates only tensor members present at capture: other dict "
          "keys and object attributes keep capture-time values, keys added at replay are lost")
 class WritebackDropsMembers(GraphCapturer):
     graph_class = _DroppingGraph
@@ -152,14 +133,7 @@ class _HostSyncSwallower(TorchDispatchMode):
         try:
             check_capturable(func, args, kwargs)
         except CaptureError:
-            session = self.session
-            if isinstance(session._recording, _EmulatedRecording):
-                with _disable_current_modes():  # run it unrecorded: replay keeps the capture-time value
-                    return func(*args, **kwargs)
-            session.steps.append(session._recording.end())  # CUDA: step out of stream capture for it
-            result = func(*args, **kwargs)
-            session._recording = session.backend.begin_segment(session.pool)
-            return result
+            return self.session.run_uncaptured(lambda: func(*args, **kwargs))
         return func(*args, **kwargs)
 
 
@@ -183,13 +157,13 @@ class _HostSyncSession(CaptureSession):
         super().abort()
 
 
-@_mutant("host-sync-allowed", "an op that synchronises with the host is silently run outside the graph at "
+@MUTANTS.add("host-sync-allowed", bug="an op that synchronises with the host is silently run outside the graph at "
          "capture, freezing its value, instead of failing the capture")
 class HostSyncAllowed(GraphCapturer):
     session_class = _HostSyncSession
 
 
-@_mutant("reentrant-capture", "a capture started inside another capture is silently accepted")
+@MUTANTS.add("reentrant-capture", bug="a capture started inside another capture is silently accepted")
 class ReentrantCapture(GraphCapturer):
     def check_not_capturing(self) -> None:
         return None

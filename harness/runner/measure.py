@@ -24,7 +24,7 @@ from harness.compare import tolerance_for
 from harness.devices import DEVICE_CHOICES, resolve_device
 from harness.graphs import GraphCapturer, get_backend
 from harness.models import build_model
-from harness.runner.batch import ForwardBatch
+from harness.batch import ForwardBatch
 from harness.runner.runner import LayerStackRunner
 
 __all__ = ["measure", "main"]

@@ -28,8 +28,7 @@ from torch import nn
 
 from harness.errors import BucketError, CaptureError, ReplayError
 from harness.graphs import BreakableGraph
-from harness.models.context import forward_context
-from harness.runner.batch import ForwardBatch, HiddenMode, select_bucket, validate_buckets
+from harness.batch import ForwardBatch, HiddenMode, forward_context, select_bucket, validate_buckets
 from harness.runner.discovery import DEFAULT_RULES, DiscoveryResult, DiscoveryRule, discover_layer_model
 
 __all__ = ["RunnerStats", "StaticInputs", "LayerStackRunner"]

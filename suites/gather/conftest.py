@@ -1,8 +1,9 @@
-"""Fixtures of the gather suites: the implementation under test and one checking helper.
+"""Fixtures of the gather suites: one checking helper over the implementation under test.
 
-``gather_impl`` is the implementation selected with ``--impl gather=SPEC`` (the compiled reference
-by default). ``check_gather(case)`` runs it on a case and asserts the whole in-process contract:
-bit-identical to the eager oracle, no output aliasing a source, no source modified.
+``gather_function`` (root conftest, from the component table) is the implementation selected with
+``--impl gather=SPEC`` (the compiled reference by default). ``check_gather(case)`` runs it on a
+case and asserts the whole in-process contract: bit-identical to the eager oracle, no output
+aliasing a source, no source modified.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from typing import Any, Callable
 import pytest
 import torch
 
-from harness import impls, pytest_support
 from harness.compare import assert_equivalent, format_context
 from harness.gather import (
     BUFFER_NAMES,
@@ -24,12 +24,6 @@ from harness.gather import (
 )
 
 
-@pytest.fixture(scope="session")
-def gather_impl(pytestconfig: pytest.Config) -> impls.Implementation:
-    """The gather implementation under test (``.obj`` is the callable, ``.name`` its spec)."""
-    return pytest_support.selected_implementation(pytestconfig, "gather")
-
-
 def _storage_ptr(tensor: torch.Tensor) -> int:
     return tensor.untyped_storage().data_ptr()
 
@@ -37,6 +31,7 @@ def _storage_ptr(tensor: torch.Tensor) -> int:
 def assert_contract(actual: Any, inputs: GatherInputs, *, expected: Any, originals: list[Any],
                     context: dict[str, Any]) -> None:
     """Assert outputs equal ``expected`` bitwise, alias no source, and that the sources are unchanged."""
+    __tracebackhide__ = True
     assert_equivalent(actual, expected, exact=True, context=context)
     sources = dict(zip(("indices", *BUFFER_NAMES), inputs.args))
     for out_name, out in zip(OUTPUT_NAMES, actual):
@@ -61,14 +56,15 @@ def _lifted_recompile_limit() -> Any:
 
 
 @pytest.fixture
-def check_gather(gather_impl, device, failure_context) -> Callable[..., Any]:
+def check_gather(gather_function, device, failure_context) -> Callable[..., Any]:
     """``check_gather(case, **details)``: run the candidate on ``case`` and assert the contract."""
 
     def check(case: GatherCase, **details: Any) -> Any:
+        __tracebackhide__ = True
         inputs = case.build(device)
         expected = eager_gather(*inputs.args)
         originals = [None if t is None else t.clone() for t in inputs.args]
-        actual = gather_impl.obj(*inputs.args)
+        actual = gather_function(*inputs.args)
         assert_contract(actual, inputs, expected=expected, originals=originals,
                         context=failure_context(**case.describe(), **details))
         return actual

@@ -38,19 +38,20 @@ def _run_stream(gather, case, inputs, device, failure_context, *, generator: tor
                                                       with_hidden=with_hidden))
 
 
-def test_index_count_stream_compiles_a_bounded_number_of_graphs(gather_impl, device, failure_context):
+def test_index_count_stream_compiles_a_bounded_number_of_graphs(gather_function, implementation_under_test, device, failure_context):
+    candidate_name = implementation_under_test("gather").name
     torch._dynamo.reset()  # count this candidate's graphs only, whatever ran before in this process
     case = GatherCase(pool=1024, count=0, seed=9)
     inputs = case.build(device)
     generator = torch.Generator().manual_seed(9)
     with compile_accounting(recompile_limit=_DEFAULT_RECOMPILE_LIMIT) as first:
-        _run_stream(gather_impl.obj, case, inputs, device, failure_context, generator=generator, rounds="first")
+        _run_stream(gather_function, case, inputs, device, failure_context, generator=generator, rounds="first")
     with compile_accounting(recompile_limit=_DEFAULT_RECOMPILE_LIMIT) as second:
-        _run_stream(gather_impl.obj, case, inputs, device, failure_context, generator=generator, rounds="second")
+        _run_stream(gather_function, case, inputs, device, failure_context, generator=generator, rounds="second")
     assert first.graphs <= COMPILED_GRAPH_BUDGET and not first.fell_back, (
-        f"{gather_impl.name}: the index-count stream {_COUNTS} with and without hidden states compiled "
+        f"{candidate_name}: the index-count stream {_COUNTS} with and without hidden states compiled "
         f"{first.graphs} graphs (budget {COMPILED_GRAPH_BUDGET}), {first.failed_frames} frames fell back to "
         f"eager, {first.graph_breaks} graph breaks")
     assert second.graphs == 0 and not second.fell_back, (
-        f"{gather_impl.name}: replaying the same stream after warm-up compiled {second.graphs} more graphs "
+        f"{candidate_name}: replaying the same stream after warm-up compiled {second.graphs} more graphs "
         f"({second.failed_frames} failed frames, {second.graph_breaks} graph breaks): guards are too specific")

@@ -68,7 +68,7 @@ def test_duplicates_give_new_tensors(check_gather):
     check_gather(GatherCase(pool=24, count=6, seed=7, index_values=(5, 5, 5, 0, 23, 5)))
 
 
-def test_index_values_change_between_calls(gather_impl, device, failure_context):
+def test_index_values_change_between_calls(gather_function, device, failure_context):
     # Engines refill one index tensor in place every step, and pass the same buffers: a result
     # keyed on shapes or addresses would be stale.
     case = GatherCase(pool=64, count=6, seed=8)
@@ -76,7 +76,7 @@ def test_index_values_change_between_calls(gather_impl, device, failure_context)
     generator = torch.Generator().manual_seed(case.seed)
     for step in range(3):
         inputs.indices.copy_(torch.randperm(case.pool, generator=generator)[: case.count].to(inputs.indices))
-        assert_equivalent(gather_impl.obj(*inputs.args), eager_gather(*inputs.args), exact=True,
+        assert_equivalent(gather_function(*inputs.args), eager_gather(*inputs.args), exact=True,
                           context=failure_context(**case.describe(), step=step,
                                                   refilled_indices=inputs.indices.tolist()))
 

@@ -16,12 +16,12 @@ from harness.graphs import GraphCapturer
 
 
 @pytest.mark.parametrize("with_hidden", [True, False], ids=["hidden", "no-hidden"])
-def test_replay_after_refilling_indices_and_sources(gather_impl, graph_backend, device, failure_context,
+def test_replay_after_refilling_indices_and_sources(gather_function, graph_backend, device, failure_context,
                                                     with_hidden):
     case = GatherCase(pool=64, count=9, seed=10) if with_hidden else GatherCase(pool=64, count=9, seed=10, hidden=None)
     inputs = case.build(device)
-    gather_impl.obj(*inputs.args)  # the engine's eager warm-up step before it captures
-    graph = GraphCapturer(graph_backend).capture(lambda: gather_impl.obj(*inputs.args))
+    gather_function(*inputs.args)  # the engine's eager warm-up step before it captures
+    graph = GraphCapturer(graph_backend).capture(lambda: gather_function(*inputs.args))
     generator = torch.Generator().manual_seed(case.seed)
     for replay in range(3):
         inputs.indices.copy_(torch.randint(0, case.pool, (case.count,), generator=generator))

@@ -29,17 +29,18 @@ _CASES = {
 
 
 @pytest.mark.subprocess
-def test_index_domain_in_child_processes(gather_impl, device, failure_context):
+def test_index_domain_in_child_processes(implementation_under_test, device, failure_context):
+    candidate_name = implementation_under_test("gather").name
     cases = {
         name: GatherCase(pool=_POOL, count=len(values), seed=11, index_dtype=index_dtype, index_values=values)
         for name, (values, index_dtype, _) in _CASES.items()
     }
     required = {name: spec[2] for name, spec in _CASES.items()}
-    results = probe(gather_impl.name, [ProbeCase(name, case, required[name] == "correct")
+    results = probe(candidate_name, [ProbeCase(name, case, required[name] == "correct")
                                        for name, case in cases.items()], device=str(device))
     wrong = [f"{name}: required '{required[name]}', the candidate gave {results[name]}; "
              f"indices {list(_CASES[name][0])} ({_CASES[name][1]}), pool {_POOL}"
              for name in cases if results[name].outcome != required[name]]
     context = failure_context(seed=11, pool=_POOL)
-    assert not wrong, (f"{gather_impl.name} mishandles the index domain:\n  " + "\n  ".join(wrong)
+    assert not wrong, (f"{candidate_name} mishandles the index domain:\n  " + "\n  ".join(wrong)
                        + format_context(context))

@@ -14,15 +14,16 @@ from harness.gather import GatherCase, count_launches, eager_gather, promised_la
 
 
 @pytest.mark.parametrize("with_hidden", [True, False], ids=["hidden", "no-hidden"])
-def test_kernel_launches(gather_impl, device, record_property, with_hidden):
+def test_kernel_launches(gather_function, implementation_under_test, device, record_property, with_hidden):
+    candidate_name = implementation_under_test("gather").name
     case = GatherCase(pool=256, count=64, seed=12, **({} if with_hidden else {"hidden": None}))
     inputs = case.build(device)
     gathered = 4 if with_hidden else 3
-    for fn in (gather_impl.obj, eager_gather):
+    for fn in (gather_function, eager_gather):
         fn(*inputs.args)  # compile, autotune and lazy initialisation are not steady-state launches
-    candidate = count_launches(lambda: gather_impl.obj(*inputs.args), device=device)
+    candidate = count_launches(lambda: gather_function(*inputs.args), device=device)
     oracle = count_launches(lambda: eager_gather(*inputs.args), device=device)
-    record_property("gather_launches", f"{gather_impl.name}: {candidate.summary()}; eager: {oracle.summary()}; "
+    record_property("gather_launches", f"{candidate_name}: {candidate.summary()}; eager: {oracle.summary()}; "
                                        f"kernels {dict(candidate.kernel_names)}")
     if device.type != "cuda":
         assert candidate.kernels is None and oracle.aten_ops == gathered, (
@@ -32,9 +33,9 @@ def test_kernel_launches(gather_impl, device, record_property, with_hidden):
     assert oracle.kernels == gathered, (
         f"the eager oracle launched {oracle.kernels:g} kernels per call ({dict(oracle.kernel_names)}), "
         f"expected one per gathered buffer ({gathered}): the launch counter is broken")
-    promised = promised_launches(gather_impl.obj, with_hidden=with_hidden, spec=f"gather={gather_impl.name}")
+    promised = promised_launches(gather_function, with_hidden=with_hidden, spec=f"gather={candidate_name}")
     if promised is not None:
         assert candidate.kernels == promised, (
-            f"{gather_impl.name} promises {promised} kernel launches per call "
+            f"{candidate_name} promises {promised} kernel launches per call "
             f"({'with' if with_hidden else 'without'} hidden states) but launched {candidate.kernels:g}: "
             f"{dict(candidate.kernel_names)}")

@@ -34,12 +34,12 @@ def _stash_random(relays: list[SpecExtrasRelay], slots: torch.Tensor, generator:
 @given(pool=st.integers(1, 300), topk=st.sampled_from([1, 4, 8, 13]),
        hidden_size=st.sampled_from([None, 1, 64, 1025]), steps=st.integers(1, 6),
        index_dtype=st.sampled_from([torch.int32, torch.int64]), seed=st.integers(0, 2**32 - 1))
-def test_relay_matches_eager_relay(gather_impl, device, failure_context, pool, topk, hidden_size, steps,
+def test_relay_matches_eager_relay(gather_function, device, failure_context, pool, topk, hidden_size, steps,
                                    index_dtype, seed):
     generator = torch.Generator().manual_seed(seed)
     make = lambda gather: SpecExtrasRelay(pool, topk=topk, hidden_size=hidden_size, device=device,  # noqa: E731
                                           gather=gather)
-    candidate, oracle = make(gather_impl.obj), make(eager_gather)
+    candidate, oracle = make(gather_function), make(eager_gather)
     pending: list[int] = []
     for step in range(steps):
         free = sorted(set(range(pool)) - set(pending))
@@ -63,8 +63,8 @@ def test_relay_matches_eager_relay(gather_impl, device, failure_context, pool, t
                           context={"problem": "relay buffers differ after resolve", **context})
 
 
-def test_resolving_a_never_stashed_slot_is_caught(gather_impl, device):
-    relay = SpecExtrasRelay(8, topk=2, hidden_size=4, device=device, gather=gather_impl.obj)
+def test_resolving_a_never_stashed_slot_is_caught(gather_function, device):
+    relay = SpecExtrasRelay(8, topk=2, hidden_size=4, device=device, gather=gather_function)
     relay.stash(torch.tensor([1, 2], device=device), topk_p=torch.rand(2, 2, device=device),
                 topk_index=torch.zeros(2, 2, dtype=torch.int64, device=device),
                 output_tokens=torch.tensor([7, 9], device=device), hidden_states=torch.zeros(2, 4, device=device))
@@ -72,8 +72,8 @@ def test_resolving_a_never_stashed_slot_is_caught(gather_impl, device):
         relay.resolve(torch.tensor([2, 5], device=device))
 
 
-def test_resolving_a_slot_twice_is_caught(gather_impl, device):
-    relay = SpecExtrasRelay(8, topk=2, device=device, gather=gather_impl.obj)
+def test_resolving_a_slot_twice_is_caught(gather_function, device):
+    relay = SpecExtrasRelay(8, topk=2, device=device, gather=gather_function)
     relay.stash(torch.tensor([3], device=device), topk_p=torch.rand(1, 2, device=device),
                 topk_index=torch.zeros(1, 2, dtype=torch.int64, device=device),
                 output_tokens=torch.tensor([11], device=device))

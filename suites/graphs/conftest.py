@@ -7,10 +7,10 @@ import torch
 
 
 @pytest.fixture
-def exact(graph_backend) -> bool:
-    """Bitwise on the emulated backend (it replays the eager kernels); the tolerance table on CUDA,
-    where a captured GEMM may use another cuBLAS workspace and algorithm than the eager call."""
-    return graph_backend.name == "emulated"
+def exact(exact_comparison) -> bool:
+    """Whether the suites' float32 programs are held bitwise to eager here: the one rule of
+    :func:`harness.compare.bitwise_expected` (bitwise on the emulated backend, the table on CUDA)."""
+    return exact_comparison(torch.float32)
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ class _Pack:
         self.step = step
 
 
-def test_counts_and_names(graphs_impl, make_tensor):
+def test_counts_and_names(graph_capturer, make_tensor):
     x = make_tensor(4, seed=1)
 
     @eager_on_graph
@@ -36,12 +36,12 @@ def test_counts_and_names(graphs_impl, make_tensor):
         break_graph()
         return second(h) - 1
 
-    graph = graphs_impl.capture(fn)
+    graph = graph_capturer.capture(fn)
     assert (graph.segment_count, graph.break_count) == (4, 3)
     assert [name.rsplit(".", 1)[-1] for name in graph.break_names] == ["first", "_empty_break", "second"]
 
 
-def test_segments_and_breaks_replay_in_capture_order(graphs_impl, make_tensor, exact):
+def test_segments_and_breaks_replay_in_capture_order(graph_capturer, make_tensor, exact):
     x = make_tensor(5, seed=2)
     log: list[str] = []
 
@@ -55,7 +55,7 @@ def test_segments_and_breaks_replay_in_capture_order(graphs_impl, make_tensor, e
         b = scale(a + 1, "b")
         return b + 1
 
-    graph = graphs_impl.capture(fn)
+    graph = graph_capturer.capture(fn)
     x.copy_(make_tensor(5, seed=3))
     log.clear()
     result = graph.replay()
@@ -63,7 +63,7 @@ def test_segments_and_breaks_replay_in_capture_order(graphs_impl, make_tensor, e
     assert_equivalent(result, ((x + 1) * 10 + 1) * 10 + 1, exact=exact)
 
 
-def test_break_reads_live_python_state_at_replay(graphs_impl, make_tensor, exact):
+def test_break_reads_live_python_state_at_replay(graph_capturer, make_tensor, exact):
     """Attention breaks read per-request metadata at replay: that state must not be frozen."""
     x = make_tensor(6, seed=4)
     live = {"scale": 2.0}
@@ -72,12 +72,12 @@ def test_break_reads_live_python_state_at_replay(graphs_impl, make_tensor, exact
     def attention_like(h):
         return h * live["scale"]
 
-    graph = graphs_impl.capture(lambda: attention_like(x + 1) + 1)
+    graph = graph_capturer.capture(lambda: attention_like(x + 1) + 1)
     live["scale"] = -3.0
     assert_equivalent(graph.replay(), (x + 1) * -3.0 + 1, exact=exact)
 
 
-def test_every_replay_reruns_every_break(graphs_impl, make_tensor):
+def test_every_replay_reruns_every_break(graph_capturer, make_tensor):
     x = make_tensor(3, seed=5)
     calls = {"first": 0, "last": 0}
 
@@ -91,7 +91,7 @@ def test_every_replay_reruns_every_break(graphs_impl, make_tensor):
         calls["last"] += 1
         return h * 2
 
-    graph = graphs_impl.capture(lambda: last(first(x) + 1))
+    graph = graph_capturer.capture(lambda: last(first(x) + 1))
     before = dict(calls)
     graph.replay()
     graph.replay()
@@ -99,7 +99,7 @@ def test_every_replay_reruns_every_break(graphs_impl, make_tensor):
 
 
 @pytest.mark.parametrize("kind", ["tensor", "tuple", "list", "dict", "object"])
-def test_break_outputs_are_written_back_for_every_kind(graphs_impl, make_tensor, exact, kind):
+def test_break_outputs_are_written_back_for_every_kind(graph_capturer, make_tensor, exact, kind):
     x = make_tensor(4, 2, seed=6)
     counter = {"n": 0}
 
@@ -130,7 +130,7 @@ def test_break_outputs_are_written_back_for_every_kind(graphs_impl, make_tensor,
             return out, out["double"] + out["triple"]
         return out, out.values + 1
 
-    graph = graphs_impl.capture(fn)
+    graph = graph_capturer.capture(fn)
     x.copy_(make_tensor(4, 2, seed=7))
     returned, downstream = graph.replay()
     h = x + 1
@@ -153,7 +153,7 @@ def test_break_outputs_are_written_back_for_every_kind(graphs_impl, make_tensor,
         assert_equivalent(downstream, h * 2 + 1, exact=exact)
 
 
-def test_break_changing_output_shape_at_replay_is_an_error(graphs_impl, make_tensor):
+def test_break_changing_output_shape_at_replay_is_an_error(graph_capturer, make_tensor):
     x = make_tensor(4, seed=8)
     size = {"n": 4}
 
@@ -161,13 +161,13 @@ def test_break_changing_output_shape_at_replay_is_an_error(graphs_impl, make_ten
     def produce(h):
         return h[: size["n"]] * 2
 
-    graph = graphs_impl.capture(lambda: produce(x) + 1)
+    graph = graph_capturer.capture(lambda: produce(x) + 1)
     size["n"] = 2
     with pytest.raises(ReplayError, match="shape"):
         graph.replay()
 
 
-def test_break_called_inside_a_break_runs_inline(graphs_impl, make_tensor, exact):
+def test_break_called_inside_a_break_runs_inline(graph_capturer, make_tensor, exact):
     x = make_tensor(3, seed=9)
 
     @eager_on_graph
@@ -179,26 +179,26 @@ def test_break_called_inside_a_break_runs_inline(graphs_impl, make_tensor, exact
     def outer(h):
         return inner(h) * 2
 
-    graph = graphs_impl.capture(lambda: outer(x) - 1)
+    graph = graph_capturer.capture(lambda: outer(x) - 1)
     assert graph.break_count == 1
     x.copy_(make_tensor(3, seed=10))
     assert_equivalent(graph.replay(), (x + 1) * 2 - 1, exact=exact)
 
 
-def test_disabled_break_is_captured_like_plain_code(graphs_impl, make_tensor, exact):
+def test_disabled_break_is_captured_like_plain_code(graph_capturer, make_tensor, exact):
     x = make_tensor(3, seed=11)
 
     @eager_on_graph(enable=False)
     def plain(h):
         return h * 4
 
-    graph = graphs_impl.capture(lambda: plain(x) + 1)
+    graph = graph_capturer.capture(lambda: plain(x) + 1)
     assert graph.break_count == 0 and graph.segment_count == 1
     x.copy_(make_tensor(3, seed=12))
     assert_equivalent(graph.replay(), x * 4 + 1, exact=exact)
 
 
-def test_methods_can_be_breaks(graphs_impl, make_tensor, exact):
+def test_methods_can_be_breaks(graph_capturer, make_tensor, exact):
     x = make_tensor(2, 4, seed=13)
 
     class Block(torch.nn.Module):
@@ -214,7 +214,7 @@ def test_methods_can_be_breaks(graphs_impl, make_tensor, exact):
             return self.attend(h * 2) * 3
 
     block = Block()
-    graph = graphs_impl.capture(lambda: block(x))
+    graph = graph_capturer.capture(lambda: block(x))
     assert graph.break_count == 1
     block.offset = 1.5  # live Python state read by the eager break
     assert_equivalent(graph.replay(), (x * 2 + 1.5) * 3, exact=exact)
@@ -228,7 +228,7 @@ def test_outside_a_capture_a_break_is_a_plain_call(make_tensor):
     break_graph()  # no capture: nothing to break, nothing raised
 
 
-def test_capture_state_is_per_thread(graphs_impl, make_tensor):
+def test_capture_state_is_per_thread(graph_capturer, make_tensor):
     x = make_tensor(3, seed=15)
     seen = {}
 
@@ -242,5 +242,5 @@ def test_capture_state_is_per_thread(graphs_impl, make_tensor):
         seen["here"] = is_capturing()
         return x + 1
 
-    graphs_impl.capture(fn)
+    graph_capturer.capture(fn)
     assert seen == {"capturing": False, "here": True}

@@ -8,7 +8,7 @@ from torch._dynamo.testing import CompileCounter
 from harness.compare import assert_equivalent
 
 
-def test_compiled_function_replays_and_still_compiles_after_capture(graphs_impl, make_tensor, exact):
+def test_compiled_function_replays_and_still_compiles_after_capture(graph_capturer, make_tensor, exact):
     torch._dynamo.reset()
     counter = CompileCounter()  # counts Dynamo frames and runs the traced graph without inductor
 
@@ -17,7 +17,7 @@ def test_compiled_function_replays_and_still_compiles_after_capture(graphs_impl,
         return buffer[indices] * 2
 
     buffer, indices = make_tensor(10, 3, seed=1), torch.tensor([4, 1, 1], device=make_tensor(1, seed=0).device)
-    graph = graphs_impl.capture(lambda: gather_scaled(buffer, indices))
+    graph = graph_capturer.capture(lambda: gather_scaled(buffer, indices))
     buffer.copy_(make_tensor(10, 3, seed=2))
     indices.copy_(torch.tensor([0, 9, 3]))
     assert_equivalent(graph.replay(), buffer[indices] * 2, exact=exact)

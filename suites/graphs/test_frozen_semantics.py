@@ -11,54 +11,54 @@ from harness.compare import assert_equivalent
 from harness.errors import GraphHazardError
 
 
-def test_python_branch_is_frozen_at_capture(graphs_impl, make_tensor):
+def test_python_branch_is_frozen_at_capture(graph_capturer, make_tensor):
     x = make_tensor(4, 3, seed=1)
     flags = {"double": True}
-    graph = graphs_impl.capture(lambda: x * 2 if flags["double"] else x * 3)
+    graph = graph_capturer.capture(lambda: x * 2 if flags["double"] else x * 3)
     flags["double"] = False
     x.copy_(make_tensor(4, 3, seed=2))
     assert_equivalent(graph.replay(), x * 2, exact=True)
 
 
-def test_python_scalar_is_frozen_at_capture(graphs_impl, make_tensor):
+def test_python_scalar_is_frozen_at_capture(graph_capturer, make_tensor):
     x = make_tensor(5, seed=3)
     scale = [2.0]
-    graph = graphs_impl.capture(lambda: x * scale[0])
+    graph = graph_capturer.capture(lambda: x * scale[0])
     scale[0] = 5.0
     assert_equivalent(graph.replay(), x * 2.0, exact=True)
 
 
-def test_refilled_static_input_changes_the_result(graphs_impl, make_tensor):
+def test_refilled_static_input_changes_the_result(graph_capturer, make_tensor):
     x = make_tensor(6, seed=4)
-    graph = graphs_impl.capture(lambda: torch.exp(x) + 1)
+    graph = graph_capturer.capture(lambda: torch.exp(x) + 1)
     x.copy_(make_tensor(6, seed=5))
     assert_equivalent(graph.replay(), torch.exp(x) + 1, exact=True)
 
 
-def test_fresh_tensor_handed_in_after_capture_is_ignored(graphs_impl, make_tensor):
+def test_fresh_tensor_handed_in_after_capture_is_ignored(graph_capturer, make_tensor):
     holder = {"x": make_tensor(3, 3, seed=6)}
     static = holder["x"]
-    graph = graphs_impl.capture(lambda: holder["x"] * 2)
+    graph = graph_capturer.capture(lambda: holder["x"] * 2)
     holder["x"] = make_tensor(3, 3, seed=7)  # a new object: the graph only knows `static`
     assert_equivalent(graph.replay(), static * 2, exact=True)
     static.copy_(make_tensor(3, 3, seed=8))
     assert_equivalent(graph.replay(), static * 2, exact=True)
 
 
-def test_views_of_static_inputs_see_new_data(graphs_impl, make_tensor):
+def test_views_of_static_inputs_see_new_data(graph_capturer, make_tensor):
     x = make_tensor(4, 4, seed=9)
     column, rows = x[:, 1], x[1:3]
-    graph = graphs_impl.capture(lambda: (column * 2, rows.sum(dim=0)))
+    graph = graph_capturer.capture(lambda: (column * 2, rows.sum(dim=0)))
     x.copy_(make_tensor(4, 4, seed=10))
     doubled, summed = graph.replay()
     assert_equivalent(doubled, x[:, 1] * 2, exact=True)
     assert_equivalent(summed, x[1:3].sum(dim=0), exact=True)
 
 
-def test_in_place_updates_replay(graphs_impl, make_tensor):
+def test_in_place_updates_replay(graph_capturer, make_tensor):
     accumulator = torch.zeros(5, device=make_tensor(1, seed=0).device)
     x = make_tensor(5, seed=11)
-    graph = graphs_impl.capture(lambda: accumulator.add_(x))
+    graph = graph_capturer.capture(lambda: accumulator.add_(x))
     before = accumulator.clone()
     graph.replay()
     assert_equivalent(accumulator, before + x, exact=True)
@@ -66,26 +66,26 @@ def test_in_place_updates_replay(graphs_impl, make_tensor):
     assert_equivalent(accumulator, before + x + x, exact=True)
 
 
-def test_random_ops_draw_fresh_numbers_each_replay(graphs_impl, device):
-    graph = graphs_impl.capture(lambda: torch.rand(64, device=device) + 0)
+def test_random_ops_draw_fresh_numbers_each_replay(graph_capturer, device):
+    graph = graph_capturer.capture(lambda: torch.rand(64, device=device) + 0)
     first = graph.replay().clone()
     second = graph.replay().clone()
     assert not torch.equal(first, second), "a random op replayed the same numbers: its RNG state is frozen"
     assert bool(((second >= 0) & (second < 1)).all())
 
 
-def test_tensors_created_inside_capture_are_refreshed(graphs_impl, make_tensor, device):
+def test_tensors_created_inside_capture_are_refreshed(graph_capturer, make_tensor, device):
     x = make_tensor(3, seed=12)
-    graph = graphs_impl.capture(lambda: torch.ones(3, device=device) * x)
+    graph = graph_capturer.capture(lambda: torch.ones(3, device=device) * x)
     x.copy_(make_tensor(3, seed=13))
     assert_equivalent(graph.replay(), x.clone(), exact=True)
 
 
-def test_graphs_sharing_a_pool_replay_independently(graphs_impl, make_tensor):
-    pool = graphs_impl.new_pool()
+def test_graphs_sharing_a_pool_replay_independently(graph_capturer, make_tensor):
+    pool = graph_capturer.new_pool()
     x = make_tensor(8, seed=14)
-    first = graphs_impl.capture(lambda: x + 1, pool=pool)
-    second = graphs_impl.capture(lambda: first.output * 3, pool=pool)
+    first = graph_capturer.capture(lambda: x + 1, pool=pool)
+    second = graph_capturer.capture(lambda: first.output * 3, pool=pool)
     x.copy_(make_tensor(8, seed=15))
     first.replay()
     second.replay()
@@ -93,11 +93,11 @@ def test_graphs_sharing_a_pool_replay_independently(graphs_impl, make_tensor):
     assert_equivalent(second.output, (x + 1) * 3, exact=True)
 
 
-def test_released_external_tensor_is_reported_as_hazard(graphs_impl, graph_backend, make_tensor):
+def test_released_external_tensor_is_reported_as_hazard(graph_capturer, graph_backend, make_tensor):
     if graph_backend.name != "emulated":
         pytest.skip("only the emulated backend can see released memory; CUDA silently reads whatever is there")
     holder = [make_tensor(16, seed=16)]
-    graph = graphs_impl.capture(lambda: holder[0] * 2)
+    graph = graph_capturer.capture(lambda: holder[0] * 2)
     graph.replay()  # alive: fine
     holder.clear()
     gc.collect()

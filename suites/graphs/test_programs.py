@@ -56,12 +56,12 @@ programs = st.lists(
 
 @given(ops=programs, rows=st.integers(1, 9), width=st.integers(1, 9), input_count=st.integers(1, 3),
        seed=st.integers(0, 2**31 - 1))
-def test_replay_after_refill_equals_eager(graphs_impl, make_tensor, exact, failure_context, ops, rows, width,
+def test_replay_after_refill_equals_eager(graph_capturer, make_tensor, exact, failure_context, ops, rows, width,
                                           input_count, seed):
     inputs = [make_tensor(rows, width, seed=seed + i) for i in range(input_count)]
     weight = make_tensor(width, width, seed=seed + 100) / width**0.5
     bias = make_tensor(width, seed=seed + 101)
-    graph = graphs_impl.capture(lambda: _run_program(ops, inputs, weight, bias))
+    graph = graph_capturer.capture(lambda: _run_program(ops, inputs, weight, bias))
     assert graph.break_count == sum(op == "break" for op, _ in ops)
     for refill in range(2):
         for i, tensor in enumerate(inputs):

@@ -66,8 +66,8 @@ class GraphLifecycle(RuleBasedStateMachine):
             self.keep_alive.pop(0)
 
 
-def test_graph_lifecycle(graphs_impl, device, exact, failure_context):
-    GraphLifecycle.capturer = graphs_impl
+def test_graph_lifecycle(graph_capturer, device, exact, failure_context):
+    GraphLifecycle.capturer = graph_capturer
     GraphLifecycle.device = device
     GraphLifecycle.exact = exact
     GraphLifecycle.context = staticmethod(lambda **details: failure_context(**details))

@@ -9,26 +9,18 @@ from typing import Any, Callable
 import pytest
 import torch
 
-from harness import pytest_support
 from harness.compare import assert_equivalent
-from harness.impls import Implementation
 from harness.models import build_model
-from harness.runner import ForwardBatch
-from runner_cases import BUCKETS, SEED, bitwise_possible, eager, eager_padded, smallest_bucket
+from harness.runner import ForwardBatch, select_bucket
+from harness.runner.cases import BUCKETS, SEED, eager, eager_padded
 
 
 @pytest.fixture(scope="session")
-def runner_impl(pytestconfig: pytest.Config) -> Implementation:
-    """The ``runner`` implementation under test; ``.obj`` is its factory."""
-    return pytest_support.selected_implementation(pytestconfig, "runner")
-
-
-@pytest.fixture(scope="session")
-def build_runner(runner_impl: Implementation, graphs_impl: Any) -> Callable[..., Any]:
+def build_runner(runner_factory: Callable[..., Any], graph_capturer: Any) -> Callable[..., Any]:
     """``build_runner(model, buckets=..., strict_discovery=...)``: a fresh runner under test."""
 
     def build(model: torch.nn.Module, *, buckets: tuple[int, ...] = BUCKETS, strict_discovery: bool = False) -> Any:
-        return runner_impl.obj(model, buckets=buckets, graphs=graphs_impl, strict_discovery=strict_discovery)
+        return runner_factory(model, buckets=buckets, graphs=graph_capturer, strict_discovery=strict_discovery)
 
     return build
 
@@ -54,11 +46,12 @@ def zoo_runner(build_runner: Callable[..., Any], device: torch.device) -> Callab
 
 
 @pytest.fixture
-def assert_matches_eager(graph_backend: Any, failure_context: Callable[..., dict]) -> Callable[..., None]:
+def assert_matches_eager(exact_comparison: Callable[[torch.dtype], bool],
+                         failure_context: Callable[..., dict]) -> Callable[..., None]:
     """``assert_matches_eager(actual, model, batch, dtype=..., name=..., seed=..., replayed=True)``.
 
     Two oracles, both eager runs of the same model: on the same batch, within the tolerance table
-    (the semantic check), and, where :func:`runner_cases.bitwise_possible`, bitwise against eager
+    (the semantic check), and, where :func:`harness.compare.bitwise_expected`, bitwise against eager
     at the replay's shapes (the batch padded to its smallest bucket of :data:`BUCKETS`). A batch
     the runner should run eagerly (``replayed=False``) must be bitwise eager itself there.
     Failures name the implementation, model, seed, request lengths, dtype, the element and a
@@ -67,8 +60,9 @@ def assert_matches_eager(graph_backend: Any, failure_context: Callable[..., dict
 
     def check(actual: Any, model: torch.nn.Module, batch: ForwardBatch, *, dtype: torch.dtype, name: str,
               seed: int, replayed: bool = True, **details: Any) -> None:
-        bitwise = bitwise_possible(graph_backend.name, dtype)
-        bucket = smallest_bucket(batch.num_tokens) if replayed else None
+        __tracebackhide__ = True
+        bitwise = exact_comparison(dtype)
+        bucket = select_bucket(batch.num_tokens, BUCKETS) if replayed else None
 
         def context(comparison: str) -> dict:
             return failure_context(model=name, seed=seed, dtype=str(dtype), batch=batch.describe(),

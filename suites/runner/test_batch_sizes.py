@@ -10,15 +10,8 @@ from hypothesis import strategies as st
 
 from harness.compare import assert_equivalent
 from harness.errors import BucketError
-from runner_cases import (
-    BUCKET_EDGES,
-    MAX_TOKENS,
-    concatenate,
-    lengths_strategy,
-    make_batch,
-    smallest_bucket,
-    split_strategy,
-)
+from harness.runner import ForwardBatch, select_bucket
+from harness.runner.cases import BUCKET_EDGES, BUCKETS, MAX_TOKENS, lengths_strategy, make_batch, split_strategy
 
 CASES = [
     ("dense", torch.float32),
@@ -43,7 +36,7 @@ def test_replay_matches_eager(zoo_runner, assert_matches_eager, device, case, le
     name, dtype = case
     model, runner = zoo_runner(name, dtype)
     batch = make_batch(name, lengths, seed=seed, dtype=dtype, device=device, hidden_mode=mode, all_logits=all_logits)
-    bucket = smallest_bucket(batch.num_tokens)
+    bucket = select_bucket(batch.num_tokens, BUCKETS)
     before = (runner.stats.replays, runner.stats.eager_fallbacks, runner.stats.replays_by_bucket.get(bucket, 0))
 
     assert runner.can_run(batch), f"runner refuses {batch.describe()} though bucket {bucket} holds it"
@@ -59,10 +52,10 @@ def test_replay_matches_eager(zoo_runner, assert_matches_eager, device, case, le
 @pytest.mark.parametrize("total", BUCKET_EDGES)
 def test_bucket_edges_replay_in_the_smallest_bucket(zoo_runner, assert_matches_eager, device, total):
     model, runner = zoo_runner("dense")
-    assert runner.bucket_for(total) == smallest_bucket(total)
+    assert runner.bucket_for(total) == select_bucket(total, BUCKETS)
     for lengths in ([total], [1] * min(total, 16) if total <= 16 else [total - 15] + [1] * 15):
         batch = make_batch("dense", lengths, seed=total, dtype=torch.float32, device=device, hidden_mode="full")
-        bucket = smallest_bucket(total)
+        bucket = select_bucket(total, BUCKETS)
         before = runner.stats.replays_by_bucket.get(bucket, 0)
         actual = runner.run(batch)
         assert runner.stats.replays_by_bucket.get(bucket, 0) == before + 1, (
@@ -107,7 +100,7 @@ def test_a_request_does_not_depend_on_its_batchmates(zoo_runner, failure_context
     if split < len(others):
         parts.append(make_batch(name, others[split:], seed=seed + 2, dtype=torch.float32, device=device,
                                 hidden_mode="full", all_logits=True))
-    shared = concatenate(parts)
+    shared = ForwardBatch.concatenate(parts)
     solo_out, shared_out = runner.run(alone), runner.run(shared)
     rows = slice(before, before + target)
     # Different buckets run different GEMM shapes, so this is a tolerance comparison on every backend.

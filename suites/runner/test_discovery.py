@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from harness.errors import DiscoveryError, HarnessError
 from harness.models import build_model
-from runner_cases import MAX_TOKENS, SEED, make_batch, split_strategy
+from harness.runner.cases import MAX_TOKENS, SEED, make_batch, split_strategy
 
 # The oracle, written out by hand from each layout's construction: (dotted path, fell back).
 LAYOUTS = {

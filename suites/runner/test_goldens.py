@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runner_cases import make_batch
+from harness.runner.cases import make_batch
 
 
 @pytest.mark.parametrize("name", ["dense", "moe", "vlm", "odd-decoder-layers"])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runner_cases import CONFIG, make_batch
+from harness.runner.cases import CONFIG, make_batch
 
 LENGTHS = ([1], [4, 3], [2, 7, 1, 5])
 

@@ -9,7 +9,7 @@ import torch
 
 from harness.errors import BucketError, ReplayError
 from harness.models import build_model
-from runner_cases import BUCKETS, SEED, make_batch
+from harness.runner.cases import BUCKETS, SEED, make_batch
 
 
 class _Abort(BaseException):

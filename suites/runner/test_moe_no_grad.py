@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from harness.models import build_model, forward_context
-from runner_cases import SEED, make_batch
+from harness.runner.cases import SEED, make_batch
 
 
 @pytest.fixture(scope="module")

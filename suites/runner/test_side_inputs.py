@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from harness.compare import describe_mismatch
-from runner_cases import eager, lengths_strategy, make_batch
+from harness.runner.cases import eager, lengths_strategy, make_batch
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])

@@ -1,4 +1,9 @@
-"""Batches, strategies and the comparison rule shared by the runner suites."""
+"""Case builders of the runner suites: buckets, batches, the eager oracle and hypothesis strategies.
+
+The oracle is :func:`eager` (the same model run eagerly on the same batch, without autograd);
+:func:`eager_padded` is eager at the shapes a replay runs at, where the emulated backend is held
+bitwise (:func:`harness.compare.bitwise_expected`).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,7 @@ import torch
 from hypothesis import strategies as st
 
 from harness.models import LogitsOutput, ModelConfig
-from harness.runner import ForwardBatch
+from harness.batch import ForwardBatch
 
 __all__ = [
     "BUCKETS",
@@ -17,12 +22,9 @@ __all__ = [
     "CONFIG",
     "make_batch",
     "eager",
-    "bitwise_possible",
     "eager_padded",
-    "smallest_bucket",
     "lengths_strategy",
     "split_strategy",
-    "concatenate",
 ]
 
 BUCKETS = (4, 8, 16, 32)
@@ -63,21 +65,6 @@ def eager_padded(model: torch.nn.Module, batch: ForwardBatch, bucket: int) -> Lo
     return LogitsOutput(logits, hidden)
 
 
-def smallest_bucket(num_tokens: int, buckets: tuple[int, ...] = BUCKETS) -> int:
-    return min(b for b in buckets if b >= num_tokens)
-
-
-def bitwise_possible(backend_name: str, dtype: torch.dtype) -> bool:
-    """Whether a replay can be held to bitwise equality: the one rule every runner suite uses.
-
-    Only float32 on the emulated backend, which replays eager's own kernels, and only against eager
-    at the same shapes (:func:`eager_padded`): CPU BLAS picks kernels by the row count, so a row of
-    a 2-row product may differ from the same row of a 4-row one (measured: ~5e-7). CUDA, where a
-    captured GEMM may pick another algorithm, and bf16/fp16 use the tolerance table.
-    """
-    return backend_name == "emulated" and dtype == torch.float32
-
-
 def split_strategy(total: int, max_requests: int = MAX_REQUESTS) -> st.SearchStrategy[list[int]]:
     """Positive request lengths summing to ``total``."""
     most = min(max_requests, total)
@@ -97,14 +84,3 @@ def lengths_strategy(max_tokens: int = MAX_TOKENS) -> st.SearchStrategy[list[int
     """1..16 requests whose total is anywhere up to ``max_tokens``, bucket edges favoured."""
     totals = st.one_of(st.sampled_from(BUCKET_EDGES), st.integers(1, max_tokens))
     return totals.flatmap(split_strategy)
-
-
-def concatenate(batches: list[ForwardBatch]) -> ForwardBatch:
-    """One batch holding the requests of ``batches`` in order, with the same tokens and side inputs."""
-    lengths = tuple(n for batch in batches for n in batch.seq_lens)
-    starts = tuple(sum(lengths[:i]) for i in range(len(lengths)))
-    first = batches[0]
-    last = torch.tensor([s + n - 1 for s, n in zip(starts, lengths)], device=first.device)
-    sides = {name: torch.cat([b.side_inputs[name] for b in batches]) for name in first.side_inputs}
-    return ForwardBatch(torch.cat([b.input_ids for b in batches]), torch.cat([b.positions for b in batches]),
-                        lengths, starts, last, first.hidden_mode, first.all_logits, sides)

@@ -1,23 +1,41 @@
-"""The batch description a forward runs on, and token-count buckets.
+"""The engine's inputs: the batch a forward runs on, hidden-state modes, buckets, the forward context.
+
+Both floors above stand on this module: the model zoo (``harness.models``) reads the live batch
+from :func:`current_batch`, and runners (``harness.runner``) build, pad and publish batches.
 
 :class:`ForwardBatch` is a small stand-in for an engine's forward batch: the packed token ids and
 positions of several requests, where each request starts, and what the caller wants back
-(hidden-state mode, all logits). :meth:`ForwardBatch.padded_to` pads it to a bucket;
+(:class:`HiddenMode`, all logits). :meth:`ForwardBatch.padded_to` pads it to a bucket;
 :func:`select_bucket` picks the smallest bucket that fits.
+
+Engines hand attention its per-request metadata out of band, not through the layer stack's
+arguments, because a captured graph freezes arguments but an eager break runs again at every
+replay. :func:`forward_context` publishes the live batch for the duration of a forward;
+:func:`current_batch` is what attention reads. Runners set it around replays.
 """
 
 from __future__ import annotations
 
 import bisect
+import contextlib
+import contextvars
 import dataclasses
 import enum
-from typing import Iterable, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import torch
 
-from harness.errors import BatchError, BucketError
+from harness.errors import BatchError, BucketError, UsageError
 
-__all__ = ["HiddenMode", "ForwardBatch", "validate_buckets", "select_bucket"]
+__all__ = [
+    "HiddenMode",
+    "ForwardBatch",
+    "validate_buckets",
+    "select_bucket",
+    "request_offsets",
+    "forward_context",
+    "current_batch",
+]
 
 
 class HiddenMode(str, enum.Enum):
@@ -61,7 +79,7 @@ class ForwardBatch:
                 f"request {index} has length {length!r}; every request needs at least one token "
                 f"(lengths {list(lengths)})"
             )
-        expected_starts = tuple(sum(lengths[:i]) for i in range(len(lengths)))
+        expected_starts, _ = request_offsets(lengths)
         if tuple(self.start_offsets) != expected_starts:
             raise BatchError(f"start offsets {self.start_offsets} do not match request lengths {lengths}")
         total = sum(lengths) + self.num_padding
@@ -112,10 +130,22 @@ class ForwardBatch:
         generator = torch.Generator().manual_seed(seed)
         ids = torch.randint(0, vocab_size, (sum(lengths),), generator=generator)
         positions = torch.cat([torch.arange(n) for n in lengths])
-        starts = tuple(sum(lengths[:i]) for i in range(len(lengths)))
-        last = torch.tensor([s + n - 1 for s, n in zip(starts, lengths)])
-        return cls(ids.to(device), positions.to(device), lengths, starts, last.to(device), mode, all_logits,
-                   dict(side_inputs or {}))
+        starts, last = request_offsets(lengths)
+        return cls(ids.to(device), positions.to(device), lengths, starts, torch.tensor(last, device=device), mode,
+                   all_logits, dict(side_inputs or {}))
+
+    @classmethod
+    def concatenate(cls, batches: Sequence["ForwardBatch"]) -> "ForwardBatch":
+        """One batch holding the requests of ``batches`` in order (unpadded), with their tokens and side inputs;
+        modes come from the first batch."""
+        if not batches or any(batch.num_padding for batch in batches):
+            raise BatchError("concatenate needs at least one batch, none of them padded")
+        lengths = tuple(n for batch in batches for n in batch.seq_lens)
+        starts, last = request_offsets(lengths)
+        first = batches[0]
+        sides = {name: torch.cat([b.side_inputs[name] for b in batches]) for name in first.side_inputs}
+        return cls(torch.cat([b.input_ids for b in batches]), torch.cat([b.positions for b in batches]), lengths,
+                   starts, torch.tensor(last, device=first.device), first.hidden_mode, first.all_logits, sides)
 
     @classmethod
     def dummy(cls, num_tokens: int, *, device: torch.device | str = "cpu") -> "ForwardBatch":
@@ -151,6 +181,12 @@ class ForwardBatch:
         return f"ForwardBatch({self.describe()})"
 
 
+def request_offsets(lengths: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Where each packed request starts, and where its last token is."""
+    starts = tuple(sum(lengths[:i]) for i in range(len(lengths)))
+    return starts, tuple(start + length - 1 for start, length in zip(starts, lengths))
+
+
 def validate_buckets(buckets: Iterable[int]) -> tuple[int, ...]:
     """Sorted, distinct, positive token counts; raises :class:`BucketError` saying what is wrong."""
     values = list(buckets)
@@ -173,3 +209,28 @@ def select_bucket(num_tokens: int, buckets: Sequence[int]) -> int:
             f"(buckets {list(buckets)})"
         )
     return buckets[index]
+
+
+# Per thread and per asyncio task, like the capture state of harness.graphs.
+_CURRENT: contextvars.ContextVar[Any] = contextvars.ContextVar("harness_forward_batch", default=None)
+
+
+@contextlib.contextmanager
+def forward_context(batch: Any) -> Iterator[Any]:
+    """Make ``batch`` the live batch until the block ends (nesting restores the outer one)."""
+    token = _CURRENT.set(batch)
+    try:
+        yield batch
+    finally:
+        _CURRENT.reset(token)
+
+
+def current_batch() -> Any:
+    """The live batch; raises :class:`UsageError` outside :func:`forward_context`."""
+    batch = _CURRENT.get()
+    if batch is None:
+        raise UsageError(
+            "attention ran outside a forward context: call the model's top-level forward, or wrap the "
+            "call in harness.models.forward_context(batch)"
+        )
+    return batch

@@ -1,4 +1,4 @@
-"""The batch description and the zoo's inputs: bad input gives an error that names the problem."""
+"""The engine inputs (harness.batch) and the zoo's inputs: bad input gives an error that names the problem."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 from harness.errors import BatchError, BucketError, UsageError
 from harness.models import MODEL_NAMES, build_model
 from harness.runner import ForwardBatch, select_bucket
-from runner_cases import BUCKETS
+from harness.runner.cases import BUCKETS
 
 
 @pytest.mark.parametrize("lengths, problem", [([], "at least one request"), ([3, 0], "request 1 has length 0"),
@@ -52,3 +52,17 @@ def test_zoo_models_are_deterministic_from_the_seed(name):
     first, second, other = (build_model(name, seed=s) for s in (5, 5, 6))
     assert all(torch.equal(a, b) for a, b in zip(first.state_dict().values(), second.state_dict().values()))
     assert not all(torch.equal(a, b) for a, b in zip(first.state_dict().values(), other.state_dict().values()))
+
+
+def test_concatenate_keeps_every_request_and_its_offsets():
+    first = ForwardBatch.from_lengths([2, 3], vocab_size=8, seed=1)
+    second = ForwardBatch.from_lengths([1], vocab_size=8, seed=2)
+    joined = ForwardBatch.concatenate([first, second])
+    assert joined.seq_lens == (2, 3, 1) and joined.start_offsets == (0, 2, 5)
+    assert joined.last_indices.tolist() == [1, 4, 5]  # closed form: start + length - 1
+    assert torch.equal(joined.input_ids, torch.cat([first.input_ids, second.input_ids]))
+
+
+def test_concatenate_refuses_padded_batches():
+    with pytest.raises(BatchError, match="none of them padded"):
+        ForwardBatch.concatenate([ForwardBatch.from_lengths([2], vocab_size=8).padded_to(4)])

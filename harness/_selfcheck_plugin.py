@@ -1,0 +1,40 @@
+"""Pytest plugin loaded into each selfcheck child process (``-p harness._selfcheck_plugin``).
+
+It runs the tests named in ``HARNESS_RUN_FIRST`` (one node id a line: the test that killed this
+mutant last time) before the rest of the suite, and writes the first failure, with the seconds since
+the parent started the process, to the JSON file named by ``HARNESS_FIRST_FAILURE``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+import pytest
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    first = [line for line in os.environ.get("HARNESS_RUN_FIRST", "").splitlines() if line]
+    if not first:
+        return
+    rank = {nodeid: position for position, nodeid in enumerate(first)}
+    # A stable sort: hinted tests first in hint order, the rest of the suite in its own order.
+    items.sort(key=lambda item: rank.get(item.nodeid, len(rank)))
+
+
+_recorded = False
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    global _recorded
+    target = os.environ.get("HARNESS_FIRST_FAILURE")
+    if _recorded or not target or not report.failed:
+        return
+    _recorded = True
+    started = float(os.environ.get("HARNESS_STARTED_AT", "0") or 0)
+    record: dict[str, Any] = {"nodeid": report.nodeid, "when": report.when,
+                              "seconds": round(time.time() - started, 2) if started else None}
+    with open(target, "w") as handle:
+        json.dump(record, handle)

@@ -108,7 +108,9 @@ def run_one(impl: impls.Implementation, *, graph_backend: str, device: str, root
     environment.setdefault("HYPOTHESIS_PROFILE", "selfcheck")  # ci's examples, no shrinking
     if threads:  # concurrent pytest processes must not each start a full intra-op thread pool
         environment.setdefault("OMP_NUM_THREADS", str(threads))
-    environment["HARNESS_RUN_FIRST"] = first if impl.kind != "reference" else ""
+    is_mutant = impl.kind != "reference"
+    environment["HARNESS_RUN_FIRST"] = first if is_mutant else ""
+    environment["HARNESS_EXIT_ON_FIRST_FAILURE"] = "1" if is_mutant else ""
     with tempfile.TemporaryDirectory() as scratch:
         report_path = Path(scratch) / "first_failure.json"
         environment["HARNESS_FIRST_FAILURE"] = str(report_path)

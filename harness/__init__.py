@@ -1,10 +1,12 @@
 """Correctness and regression harness for LLM-inference graph optimisations.
 
-The public facade: comparison, errors, graph backends and the implementation registry.
-Components (``harness.graphs``, ``harness.runner``, ``harness.gather``) are importable on their own.
+The public facade: the component table, comparison, errors and graph backends. Components
+(``harness.graphs``, ``harness.runner``, ``harness.gather``) are importable on their own; the
+engine inputs they share (batches, hidden-state modes, the forward context) are ``harness.batch``.
 """
 
-from harness.compare import TOLERANCES, Tolerance, assert_equivalent, tolerance_for
+from harness.compare import TOLERANCES, Tolerance, assert_equivalent, bitwise_expected, tolerance_for
+from harness.components import COMPONENTS, Component
 from harness.errors import (
     BatchError,
     BucketError,
@@ -21,7 +23,10 @@ from harness.errors import (
 from harness.graphs import GraphCapturer, break_graph, eager_on_graph, get_backend
 
 __all__ = [
+    "COMPONENTS",
+    "Component",
     "assert_equivalent",
+    "bitwise_expected",
     "tolerance_for",
     "Tolerance",
     "TOLERANCES",

@@ -34,6 +34,12 @@ HINTS_PATH = Path("golden") / "selfcheck" / "kill_matrix.json"
 PROCESSES_PER_GPU = 4
 
 
+# A reference runs its whole suite, so it is the longest run of the matrix: where there are cores to
+# spare (one xdist worker per 4 cores, at most 4) it is spread over pytest-xdist workers.
+def reference_workers() -> int:
+    return max(1, min(4, (os.cpu_count() or 1) // 4))
+
+
 @dataclasses.dataclass(frozen=True)
 class Outcome:
     component: str
@@ -109,6 +115,8 @@ def run_one(impl: impls.Implementation, *, graph_backend: str, device: str, root
     if threads:  # concurrent pytest processes must not each start a full intra-op thread pool
         environment.setdefault("OMP_NUM_THREADS", str(threads))
     is_mutant = impl.kind != "reference"
+    if not is_mutant and reference_workers() > 1:
+        command += ["-n", str(reference_workers())]
     environment["HARNESS_RUN_FIRST"] = first if is_mutant else ""
     environment["HARNESS_EXIT_ON_FIRST_FAILURE"] = "1" if is_mutant else ""
     with tempfile.TemporaryDirectory() as scratch:
@@ -142,12 +150,13 @@ def run_selfcheck(*, components: list[str], graph_backend: str, device: str, job
     jobs = jobs or default_jobs(device)
     backend = _effective_backend(graph_backend, device)
     hints = read_hints(root)
-    candidates = []
+    references, mutants = [], []
     for component in components:
         registered = impls.implementations(component)
-        candidates.append(registered["reference"])
-        candidates.extend(impl for impl in registered.values() if impl.kind == "mutant")
-    # The reference runs the whole suite: start it first so it does not finish last.
+        references.append(registered["reference"])
+        mutants.extend(impl for impl in registered.values() if impl.kind == "mutant")
+    # References run whole suites: start them first so that they do not finish last.
+    candidates = references + mutants
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         threads = max(1, (os.cpu_count() or 1) // max(1, jobs))
         futures = [pool.submit(run_one, impl, graph_backend=graph_backend, device=device, root=root, threads=threads,

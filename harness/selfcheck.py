@@ -114,6 +114,9 @@ def run_one(impl: impls.Implementation, *, graph_backend: str, device: str, root
     environment.setdefault("HYPOTHESIS_PROFILE", "selfcheck")  # ci's examples, no shrinking
     if threads:  # concurrent pytest processes must not each start a full intra-op thread pool
         environment.setdefault("OMP_NUM_THREADS", str(threads))
+    # Nor a pool of inductor compile workers each (one per core by default): the suites' kernels are
+    # tiny, and dozens of concurrent processes each forking a pool only fight over the cores.
+    environment.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     is_mutant = impl.kind != "reference"
     if not is_mutant and reference_workers() > 1:
         command += ["-n", str(reference_workers())]

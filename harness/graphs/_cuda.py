@@ -10,6 +10,7 @@ work forked onto the capture stream is joined before anything after the segment 
 from __future__ import annotations
 
 import contextlib
+import gc
 import warnings
 from typing import Any, Callable, Iterator
 
@@ -90,6 +91,22 @@ class CudaBackend(GraphBackend):
     @contextlib.contextmanager
     def capture_context(self) -> Iterator[None]:
         torch.cuda.synchronize(self.device)
+        # Destroying an unreachable CUDAGraph (cudaGraphExecDestroy) during a capture invalidates the
+        # capture ("operation not permitted when stream is capturing"): collect garbage first, and keep
+        # the cyclic collector from running until the capture ends (seen on the H200 when a stateful
+        # test dropped graphs of earlier examples).
+        gc.collect()
+        collector_was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            with self._capture_streams():
+                yield
+        finally:
+            if collector_was_enabled:
+                gc.enable()
+
+    @contextlib.contextmanager
+    def _capture_streams(self) -> Iterator[None]:
         self._caller_stream = torch.cuda.current_stream(self.device)
         self._capture_stream = torch.cuda.Stream(device=self.device)
         self._capture_stream.wait_stream(self._caller_stream)

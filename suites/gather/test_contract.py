@@ -84,3 +84,11 @@ def test_index_values_change_between_calls(gather_function, device, failure_cont
 @given(case=gather_cases())
 def test_matches_eager_oracle_over_the_contract(check_gather, case):
     check_gather(case)
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32], ids=str)
+def test_negative_indices_in_range_wrap(check_gather, index_dtype):
+    """In-range negative indices are safe to run in-process (no kernel reads out of bounds on them)
+    and must wrap as Python indexing does; the edges of the range are probed in child processes."""
+    values = (-17, -1, 0, 16, -5, 3, -17, 8, -2)
+    check_gather(GatherCase(pool=17, count=len(values), seed=11, index_dtype=index_dtype, index_values=values))

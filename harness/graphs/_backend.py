@@ -39,6 +39,13 @@ class GraphBackend:
     """
 
     name = "abstract"
+    #: Whether :meth:`warm_up` runs ``fn`` for real, outside any graph, so that state ``fn`` creates
+    #: lazily on its first call (a cached tensor, a workspace) exists before the capture and is not
+    #: allocated, and re-initialised at every replay, inside the graph. Suites that check warm-up
+    #: semantics skip, with the backend's stated reason, where this is False.
+    warms_up_outside_the_graph = False
+    #: Why a backend does not model warm-up (shown by those skips); empty where it does.
+    warm_up_difference = ""
 
     def new_pool(self) -> Any:
         """A memory pool shared by the segments (and graphs) captured with it."""

@@ -26,6 +26,7 @@ __all__ = [
     "break_graph",
     "is_capturing",
     "write_back",
+    "copy_tensor",
     "Break",
     "BreakableGraph",
     "CaptureSession",
@@ -82,42 +83,123 @@ def break_graph() -> None:
     _empty_break()
 
 
-def write_back(captured: Any, new: Any) -> Any:
+def copy_tensor(captured: torch.Tensor, new: Any) -> torch.Tensor:
+    """Copy the tensor ``new`` into ``captured`` in place: the leaf step of :func:`write_back`.
+
+    ``new`` must have the captured shape, dtype and device exactly. ``Tensor.copy_`` alone would
+    broadcast a ``(1, n)`` or ``(n,)`` result over an ``(m, n)`` buffer and cast another dtype
+    silently, and graph segments after the break would read the result as if nothing changed.
+    """
+    if not isinstance(new, torch.Tensor):
+        raise ReplayError(f"a break returned {type(new).__name__} at replay where it returned a tensor at capture")
+    if new.shape != captured.shape:
+        raise ReplayError(
+            f"a break returned shape {tuple(new.shape)} at replay but {tuple(captured.shape)} at capture; "
+            "graph segments after it read the captured buffer, so the shape must not change"
+        )
+    if new.dtype != captured.dtype or new.device != captured.device:
+        raise ReplayError(
+            f"a break returned {new.dtype} on {new.device} at replay but {captured.dtype} on {captured.device} at "
+            "capture; graph segments after it read the captured buffer, so dtype and device must not change"
+        )
+    if new.data_ptr() == captured.data_ptr() and new.stride() == captured.stride():
+        return captured  # the break wrote into the captured buffer itself
+    if new.untyped_storage().data_ptr() == captured.untyped_storage().data_ptr():
+        new = new.clone()  # a shifted view of the same memory: copy_ would read what it already overwrote
+    captured.copy_(new)
+    return captured
+
+
+def _holds_tensor(value: Any, seen: set[int] | None = None) -> bool:
+    """Whether a tensor is reachable in ``value`` (containers and object attributes, cycles allowed)."""
+    if isinstance(value, torch.Tensor):
+        return True
+    seen = set() if seen is None else seen
+    if id(value) in seen:
+        return False
+    seen.add(id(value))
+    if isinstance(value, (list, tuple)):
+        items: Any = value
+    elif isinstance(value, dict):
+        items = value.values()
+    else:
+        items = [item for _, item in _members(value)]
+    return any(_holds_tensor(item, seen) for item in items)
+
+
+def _members(value: Any) -> list[tuple[str, Any]]:
+    """The attributes of a plain object, a dataclass or a ``__slots__`` class (empty for anything else)."""
+    if isinstance(value, (type, torch.Tensor, str, bytes, int, float, complex, bool)) or value is None:
+        return []
+    names: list[str] = list(getattr(value, "__dict__", {}))
+    for cls in type(value).__mro__:
+        slots = cls.__dict__.get("__slots__", ())
+        names.extend([slots] if isinstance(slots, str) else slots)
+    return [(name, getattr(value, name)) for name in dict.fromkeys(names)
+            if name not in ("__dict__", "__weakref__") and hasattr(value, name)]
+
+
+def _structure_changed(captured: Any, new: Any, what: str) -> ReplayError:
+    return ReplayError(
+        f"a break returned {what} at replay than at capture ({_describe(new)} vs {_describe(captured)}); graph "
+        "segments after it read the tensors of the captured structure, so its structure must not change"
+    )
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return f"{type(value).__name__} of {len(value)}"
+    if isinstance(value, dict):
+        return f"dict with keys {sorted(map(str, value))}"
+    return type(value).__name__
+
+
+def write_back(captured: Any, new: Any, *, copy_tensor: Callable[[torch.Tensor, Any], torch.Tensor] = copy_tensor) -> Any:
     """Copy ``new`` into ``captured`` in place, recursively, and return the merged object.
 
-    Tensors are copied (same shape required); lists, dicts and objects with attributes are
-    updated member by member; a non-tensor leaf takes the new value where its container allows.
+    Tensors are copied by ``copy_tensor`` (same shape, dtype and device required: :func:`copy_tensor`);
+    lists, dicts and objects with attributes (``__dict__`` or ``__slots__``) are updated member by
+    member; a non-tensor leaf takes the new value where its container allows (not in a tuple).
+    Where the captured value holds a tensor, a change of structure (another type, a list or tuple
+    of another length, a dict key or attribute gone) raises :class:`~harness.errors.ReplayError`:
+    later segments read the captured tensors, so replacing the structure would hand them stale data.
+    ``copy_tensor`` is the extension point for how a tensor leaf is copied.
     """
     if isinstance(captured, torch.Tensor):
-        if not isinstance(new, torch.Tensor):
-            raise ReplayError(f"a break returned {type(new).__name__} at replay where it returned a tensor at capture")
-        if new.shape != captured.shape:
-            raise ReplayError(
-                f"a break returned shape {tuple(new.shape)} at replay but {tuple(captured.shape)} at capture; "
-                "graph segments after it read the captured buffer, so the shape must not change"
-            )
-        if new.data_ptr() != captured.data_ptr() or new.stride() != captured.stride():
-            captured.copy_(new)
-        return captured
-    if isinstance(captured, list) and isinstance(new, list) and len(captured) == len(new):
-        for i, item in enumerate(new):
-            captured[i] = write_back(captured[i], item)
-        return captured
-    if isinstance(captured, tuple) and isinstance(new, tuple) and len(captured) == len(new):
-        merged = [write_back(c, n) for c, n in zip(captured, new)]
+        return copy_tensor(captured, new)
+    if not _holds_tensor(captured):
+        return new  # nothing a segment reads: the new value simply replaces it
+    recurse = functools.partial(write_back, copy_tensor=copy_tensor)
+    if isinstance(captured, (list, tuple)):
+        if type(new) is not type(captured) or len(new) != len(captured):
+            raise _structure_changed(captured, new, "another sequence")
+        if isinstance(captured, list):
+            for i, item in enumerate(new):
+                captured[i] = recurse(captured[i], item)
+            return captured
+        merged = [recurse(c, n) for c, n in zip(captured, new)]
         if all(m is c for m, c in zip(merged, captured)):
             return captured
         return type(captured)(*merged) if hasattr(captured, "_fields") else type(captured)(merged)
-    if isinstance(captured, dict) and isinstance(new, dict):
+    if isinstance(captured, dict):
+        if not isinstance(new, dict):
+            raise _structure_changed(captured, new, "another type")
+        gone = [key for key in captured if key not in new]
+        if any(_holds_tensor(captured[key]) for key in gone):
+            raise _structure_changed(captured, new, "a dict without a key holding a tensor")
+        for key in gone:
+            del captured[key]
         for key, value in new.items():
-            captured[key] = write_back(captured[key], value) if key in captured else value
+            captured[key] = recurse(captured[key], value) if key in captured else value
         return captured
-    if hasattr(captured, "__dict__") and type(captured) is type(new) and not isinstance(captured, type):
-        for name, value in vars(new).items():
-            current = captured.__dict__.get(name, None)
-            setattr(captured, name, write_back(current, value) if name in captured.__dict__ else value)
-        return captured
-    return new
+    if type(new) is not type(captured):
+        raise _structure_changed(captured, new, "another type")
+    old_members, new_members = dict(_members(captured)), dict(_members(new))
+    if any(_holds_tensor(value) for name, value in old_members.items() if name not in new_members):
+        raise _structure_changed(captured, new, "an object without an attribute holding a tensor")
+    for name, value in new_members.items():
+        setattr(captured, name, recurse(old_members[name], value) if name in old_members else value)
+    return captured
 
 
 @dataclasses.dataclass

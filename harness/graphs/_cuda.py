@@ -72,6 +72,7 @@ class _CudaRecording:
 
 class CudaBackend(GraphBackend):
     name = "cuda"
+    warms_up_outside_the_graph = True
 
     def __init__(self, device: torch.device | str | None = None) -> None:
         self.device = torch.device(device or "cuda")

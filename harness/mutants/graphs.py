@@ -6,12 +6,15 @@ through the seams the reference exposes (``session_class``, ``graph_class``, ``c
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import warnings
 from typing import Any, Callable
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from harness.errors import CaptureError
+from harness.errors import CaptureError, ReplayError
 from harness.graphs import Break, BreakableGraph, CaptureSession, GraphCapturer, check_capturable, write_back
 from harness.mutants import MutantSet
 
@@ -167,3 +170,187 @@ class HostSyncAllowed(GraphCapturer):
 class ReentrantCapture(GraphCapturer):
     def check_not_capturing(self) -> None:
         return None
+
+
+# --- how a break is called: what the capture keeps of its arguments -----------------------------
+
+
+class _ArgumentsRewritingSession(CaptureSession):
+    """Replaces the arguments a break will be called with at replay, after its capture-time call."""
+
+    def keep_arguments(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        return args, kwargs
+
+    def run_break(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        output = super().run_break(fn, args, kwargs)
+        step = self.steps[-1]
+        step.args, step.kwargs = self.keep_arguments(args, kwargs)
+        return output
+
+
+class _KeywordSnapshotSession(_ArgumentsRewritingSession):
+    def keep_arguments(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        return args, {name: value.clone() if isinstance(value, torch.Tensor) else value
+                      for name, value in kwargs.items()}
+
+
+@MUTANTS.add("kwargs-snapshotted", bug="keyword tensor arguments of a break are copied at capture, so at replay the "
+         "break reads their capture-time values instead of what the segment before it just computed")
+class KeywordArgumentsSnapshotted(GraphCapturer):
+    session_class = _KeywordSnapshotSession
+
+
+def _clone_nested_tensors(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, (list, tuple)):
+        return type(value)(_clone_nested_tensors(item) for item in value)
+    if isinstance(value, dict):
+        return {key: _clone_nested_tensors(item) for key, item in value.items()}
+    return value
+
+
+class _NestedSnapshotSession(_ArgumentsRewritingSession):
+    def keep_arguments(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        def keep(value: Any) -> Any:  # top-level tensors are tracked as static buffers; containers are copied
+            return value if isinstance(value, torch.Tensor) else _clone_nested_tensors(value)
+
+        return tuple(keep(a) for a in args), {name: keep(value) for name, value in kwargs.items()}
+
+
+@MUTANTS.add("nested-args-snapshotted", bug="only top-level tensor arguments of a break stay live; tensors inside "
+         "lists, tuples and dicts are deep-copied at capture, so the break reads stale values at replay")
+class NestedArgumentsSnapshotted(GraphCapturer):
+    session_class = _NestedSnapshotSession
+
+
+def _freeze_python_values(value: Any) -> Any:
+    if isinstance(value, (torch.Tensor, type)) or callable(value):
+        return value
+    if isinstance(value, (list, tuple)):
+        return type(value)(_freeze_python_values(item) for item in value)
+    if isinstance(value, dict):
+        return {key: _freeze_python_values(item) for key, item in value.items()}
+    if dataclasses.is_dataclass(value) or hasattr(value, "__dict__"):
+        return copy.copy(value)  # same tensors, but its Python attributes keep their capture-time values
+    return value
+
+
+class _FrozenMetadataSession(_ArgumentsRewritingSession):
+    def keep_arguments(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        return _freeze_python_values(args), _freeze_python_values(kwargs)
+
+
+@MUTANTS.add("metadata-frozen", bug="break arguments are flattened at capture like a pytree: tensors stay live, but "
+         "Python values in metadata objects and dicts (sequence lengths, steps, scales) are frozen")
+class MetadataFrozen(GraphCapturer):
+    session_class = _FrozenMetadataSession
+
+
+# --- what a break returns: how its new output reaches the captured one ------------------------------
+
+
+def _copy_letting_torch_broadcast(captured: torch.Tensor, new: Any) -> torch.Tensor:
+    if not isinstance(new, torch.Tensor):
+        raise ReplayError(f"a break returned {type(new).__name__} where it returned a tensor at capture")
+    try:
+        captured.copy_(new)  # broadcasts (1, n) or (n,) over (m, n), casts other dtypes
+    except RuntimeError as error:
+        raise ReplayError(f"a break's output no longer fits its captured buffer: {error}") from error
+    return captured
+
+
+class _BroadcastingGraph(BreakableGraph):
+    def replay_break(self, step: Break) -> None:
+        step.output = write_back(step.output, step.fn(*step.args, **step.kwargs),
+                                 copy_tensor=_copy_letting_torch_broadcast)
+
+
+@MUTANTS.add("broadcasting-writeback", bug="write-back lets Tensor.copy_ judge a break's new output: a (1, n) or (n,) "
+         "result is broadcast over the captured (m, n) buffer and another dtype is cast, instead of a ReplayError")
+class BroadcastingWriteback(GraphCapturer):
+    graph_class = _BroadcastingGraph
+
+
+def _same_structure(captured: Any, new: Any) -> bool:
+    if isinstance(captured, torch.Tensor):
+        return isinstance(new, torch.Tensor)
+    if isinstance(captured, (list, tuple)):
+        return type(new) is type(captured) and len(new) == len(captured) and all(
+            _same_structure(c, n) for c, n in zip(captured, new))
+    if isinstance(captured, dict):
+        return isinstance(new, dict) and all(key in new and _same_structure(value, new[key])
+                                             for key, value in captured.items())
+    if hasattr(captured, "__dict__") or hasattr(type(captured), "__slots__"):
+        return type(new) is type(captured)
+    return True
+
+
+class _ReplacingGraph(BreakableGraph):
+    def replay_break(self, step: Break) -> None:
+        new = step.fn(*step.args, **step.kwargs)
+        # A changed structure replaces the captured output; later segments still read the old tensors.
+        step.output = write_back(step.output, new) if _same_structure(step.output, new) else new
+
+
+@MUTANTS.add("structure-change-accepted", bug="a break whose output changes structure at replay (a shorter list, a "
+         "dict key gone, a list turned tuple, another class) replaces the captured output silently, so later "
+         "segments read stale tensors")
+class StructureChangeAccepted(GraphCapturer):
+    graph_class = _ReplacingGraph
+
+
+class _FreshOutputGraph(BreakableGraph):
+    def replay_break(self, step: Break) -> None:
+        if step.output is self.output:  # "no copy needed": hand the break's new result out directly
+            self._fresh_output = step.fn(*step.args, **step.kwargs)
+        else:
+            super().replay_break(step)
+
+    def replay(self) -> Any:
+        self._fresh_output = None
+        super().replay()
+        return self.output if self._fresh_output is None else self._fresh_output
+
+
+@MUTANTS.add("output-alias-not-refreshed", bug="when the function's output is a break's output, replay returns the "
+         "break's new result but never writes it into graph.output, so a held handle to the output goes stale")
+class OutputAliasNotRefreshed(GraphCapturer):
+    graph_class = _FreshOutputGraph
+
+
+# --- faults at replay ---------------------------------------------------------------------------------
+
+
+class _SwallowingGraph(BreakableGraph):
+    def replay_break(self, step: Break) -> None:
+        try:
+            super().replay_break(step)
+        except Exception as error:  # noqa: BLE001 - the bug is exactly this
+            warnings.warn(f"break {step.name} failed at replay ({error}); reusing its captured output", stacklevel=2)
+
+
+@MUTANTS.add("break-error-swallowed", bug="an exception raised by a break at replay is turned into a warning and the "
+         "break's capture-time output is reused, so the caller gets stale results instead of the error")
+class BreakErrorSwallowed(GraphCapturer):
+    graph_class = _SwallowingGraph
+
+
+class _ResumingGraph(BreakableGraph):
+    def replay(self) -> Any:
+        start = getattr(self, "_resume_at", 0)
+        for position in range(start, len(self.steps)):
+            self._resume_at = position  # left here by a failure: the next replay "retries" from this step
+            step = self.steps[position]
+            if isinstance(step, Break):
+                self.replay_break(step)
+            else:
+                step.replay()
+        self._resume_at = 0
+        return self.output
+
+
+@MUTANTS.add("resume-after-fault", bug="a replay that failed at a break leaves its position behind, and the next "
+         "replay resumes there, skipping the segments before it (which would have read the refilled inputs)")
+class ResumeAfterFault(GraphCapturer):
+    graph_class = _ResumingGraph

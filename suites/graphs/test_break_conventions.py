@@ -27,7 +27,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from harness.compare import assert_equivalent
-from harness.errors import ReplayError
+from harness.errors import GraphHazardError, ReplayError
 from harness.graphs import eager_on_graph, is_capturing
 
 SEGMENT_OPS = ("add_input", "scale_by_metadata", "add_metadata_dict_bias", "tanh", "matmul", "inplace_mul",
@@ -287,8 +287,9 @@ def check_program(capturer, program: Program, *, seed: int, device: torch.device
             captured_world.armed_fault[index] = kind
             expected_error = ReplayError if kind == "wrong_shape" and program.breaks[index][2] != "none" else \
                 InjectedFault
-            with pytest.raises(expected_error):
+            with pytest.raises(expected_error) as raised:
                 graph.replay()
+            _assert_refused_where_it_happened(raised.value)
             assert not captured_world.armed_fault, f"break {index} never ran at the faulty replay: {details}"
             assert not is_capturing(), "a failed replay left a capture active"
             continue  # the twin skips this step too; the next replay must need nothing from it
@@ -300,6 +301,14 @@ def check_program(capturer, program: Program, *, seed: int, device: torch.device
                           context={**details, "checking": "the graph.output handle taken after capture"})
         assert_equivalent(captured_world.buffers(), twin.buffers(), exact=exact,
                           context={**details, "checking": "buffers written by breaks, static inputs, metadata"})
+
+
+def _assert_refused_where_it_happened(error: BaseException) -> None:
+    # The emulated backend notices a replaced (hence released) captured buffer one step later as a
+    # hazard; CUDA would silently read the stale memory. The change must be refused at the break.
+    assert not isinstance(error, GraphHazardError), (
+        f"the break's changed output was accepted and a later segment read a released captured buffer: {error}"
+    )
 
 
 def _program(steps, output: str, *, rows: int = 4, width: int = 3, input_count: int = 2) -> Program:
@@ -396,8 +405,9 @@ def test_break_output_change_at_replay_raises_then_recovers(graph_capturer, make
     graph = graph_capturer.capture(fn)
     x.copy_(make_tensor(4, 3, seed=22))
     armed.append(change)
-    with pytest.raises(ReplayError):
+    with pytest.raises(ReplayError) as raised:
         graph.replay()
+    _assert_refused_where_it_happened(raised.value)
     assert not is_capturing()
     x.copy_(make_tensor(4, 3, seed=23))
     assert_equivalent(graph.replay(), fn(), exact=exact, context=failure_context(change=change, recovered=True))

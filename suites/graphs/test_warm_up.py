@@ -1,0 +1,57 @@
+"""Warm-up: state a function creates lazily on its first call exists before the capture, outside the graph.
+
+Engines build rotary tables, workspaces and counters on first use. On CUDA the capturer's warm-up
+runs the function eagerly first, so that state is allocated outside the graph and the graph only
+reads and updates it; created inside the capture instead, every replay would re-create it (a counter
+reset, a table rebuilt from whatever the weights are now). The emulated backend does not model this
+(see ``harness/graphs/_emulated.py``), so these tests skip there for that stated reason.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness.compare import assert_equivalent
+
+
+class LazyState:
+    """A callable that builds a cached table and a device-side call counter on its first call."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        self.weight = weight
+        self.table: torch.Tensor | None = None
+        self.calls: torch.Tensor | None = None
+        self.initialisations = 0
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.table is None:
+            self.initialisations += 1
+            self.table = torch.exp(self.weight)  # from the weights of the first call, cached for good
+            self.calls = torch.zeros((), device=x.device)
+        self.calls.add_(1)
+        return x @ self.table
+
+
+@pytest.mark.parametrize("warmup_runs", [1, 2])
+def test_lazy_state_is_created_at_warm_up_not_inside_the_graph(graph_capturer, graph_backend, make_tensor, exact,
+                                                              failure_context, warmup_runs):
+    if not graph_backend.warms_up_outside_the_graph:
+        pytest.skip(graph_backend.warm_up_difference or f"the {graph_backend.name} backend does not model warm-up")
+    weight, x = make_tensor(3, 3, seed=1), make_tensor(4, 3, seed=2)
+    lazy = LazyState(weight)
+    graph = graph_capturer.capture(lambda: lazy(x), warmup_runs=warmup_runs)
+    assert lazy.initialisations == 1, "the lazily created state was created more than once"
+    # Each warm-up run counted once; the capture itself executes no kernel.
+    assert float(lazy.calls) == warmup_runs, (
+        f"after {warmup_runs} warm-up run(s) and a capture the counter reads {float(lazy.calls)}: the warm-up did not "
+        "run the function eagerly, or the capture executed its kernels"
+    )
+    table = lazy.table.clone()
+    weight.copy_(make_tensor(3, 3, seed=3))  # the cached table was built from the old weights and stays so
+    for replay in range(3):
+        x.copy_(make_tensor(4, 3, seed=10 + replay))
+        context = failure_context(warmup_runs=warmup_runs, replay=replay)
+        assert_equivalent(graph.replay(), x @ table, exact=exact, context={**context, "checking": "output"})
+        assert_equivalent(lazy.calls, torch.tensor(float(warmup_runs + replay + 1), device=x.device), exact=True,
+                          context={**context, "checking": "the counter created at warm-up keeps counting"})

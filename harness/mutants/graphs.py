@@ -176,15 +176,22 @@ class ReentrantCapture(GraphCapturer):
 
 
 class _ArgumentsRewritingSession(CaptureSession):
-    """Replaces the arguments a break will be called with at replay, after its capture-time call."""
+    """Keeps ``keep_arguments(args, kwargs)`` as what a break is called with at replay."""
 
     def keep_arguments(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         return args, kwargs
 
     def run_break(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-        output = super().run_break(fn, args, kwargs)
+        kept: list[tuple[tuple, dict]] = []
+
+        def body(*call_args: Any, **call_kwargs: Any) -> Any:
+            # Between two segments, so the copies are made once, now, and are not part of the graph.
+            kept.append(self.keep_arguments(call_args, call_kwargs))
+            return fn(*call_args, **call_kwargs)
+
+        output = super().run_break(body, args, kwargs)
         step = self.steps[-1]
-        step.args, step.kwargs = self.keep_arguments(args, kwargs)
+        step.fn, (step.args, step.kwargs) = fn, kept[0]
         return output
 
 

@@ -154,7 +154,8 @@ def _describe(value: Any) -> str:
     return type(value).__name__
 
 
-def write_back(captured: Any, new: Any, *, copy_tensor: Callable[[torch.Tensor, Any], torch.Tensor] = copy_tensor) -> Any:
+def write_back(captured: Any, new: Any, *,
+               copy_tensor: Callable[[torch.Tensor, Any], torch.Tensor] = copy_tensor) -> Any:
     """Copy ``new`` into ``captured`` in place, recursively, and return the merged object.
 
     Tensors are copied by ``copy_tensor`` (same shape, dtype and device required: :func:`copy_tensor`);

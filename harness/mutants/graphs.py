@@ -361,3 +361,15 @@ class _ResumingGraph(BreakableGraph):
          "replay resumes there, skipping the segments before it (which would have read the refilled inputs)")
 class ResumeAfterFault(GraphCapturer):
     graph_class = _ResumingGraph
+
+
+class _SkipsNoneBreaksGraph(BreakableGraph):
+    def replay_break(self, step: Break) -> None:
+        if step.output is not None:  # "nothing to write back": a side-effect-only break is never re-run
+            super().replay_break(step)
+
+
+@MUTANTS.add("none-break-skipped", bug="a break that returned None at capture (a KV-cache store writing in place) is "
+         "skipped at replay as having nothing to write back, so later segments read the buffer it wrote at capture")
+class NoneBreakSkipped(GraphCapturer):
+    graph_class = _SkipsNoneBreaksGraph

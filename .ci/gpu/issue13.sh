@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 13 on the H200: suites/graphs on real CUDA graphs (the warm-up tests run there, not skipped),
 # then the graphs kill matrix on the cuda backend. Run from the repo root with $OUT set. Logs, a junit
-# file, the selfcheck JSON and the cuda kill hints go to $OUT; a result table is printed last.
+# file, the selfcheck JSON and the cuda kill hints go to $OUT; a result table is printed last. Under 4 minutes
+# (timeouts 90 s + 140 s).
 set -uo pipefail
 OUT=${OUT:-/tmp/issue13-out}
 mkdir -p "$OUT"
@@ -10,7 +11,7 @@ py=${PYTHON:-python}
 declare -A result summary
 
 started=$(date +%s)
-timeout 150 "$py" -m pytest suites/graphs --graph-backend cuda --device cuda -p no:cacheprovider -q -rs \
+timeout 90 "$py" -m pytest suites/graphs --graph-backend cuda --device cuda -p no:cacheprovider -q -rs \
   --junitxml "$OUT/graphs-cuda.xml" > "$OUT/graphs-cuda.log" 2>&1; result[suite]=$?
 summary[suite]=$(grep -E '^[0-9]+ (passed|failed)|[0-9]+ (passed|failed).* in ' "$OUT/graphs-cuda.log" | tail -1)
 result[suite_seconds]=$(( $(date +%s) - started ))
@@ -18,7 +19,7 @@ result[suite_seconds]=$(( $(date +%s) - started ))
 if grep -q "test_warm_up.py.*SKIPPED\|SKIPPED.*test_warm_up.py" "$OUT/graphs-cuda.log"; then result[warm_up_ran]=1; else result[warm_up_ran]=0; fi
 
 started=$(date +%s)
-timeout 200 "$py" -m harness selfcheck --component graphs --graph-backend cuda --device cuda \
+timeout 140 "$py" -m harness selfcheck --component graphs --graph-backend cuda --device cuda \
   --json "$OUT/selfcheck-graphs.json" > "$OUT/selfcheck-graphs.log" 2>&1; result[selfcheck]=$?
 summary[selfcheck]=$(grep -E 'mutants killed' "$OUT/selfcheck-graphs.log" | tail -1)
 result[selfcheck_seconds]=$(( $(date +%s) - started ))

@@ -175,3 +175,13 @@ def test_cli_reports_a_bad_baseline_in_one_line(tmp_path):
     assert completed.returncode == 2
     assert "baseline" in completed.stderr and "no such file" in completed.stderr
     assert "Traceback" not in completed.stderr
+
+
+def test_difference_spread_is_relative_to_the_difference():
+    from harness.bench.gather import _difference
+
+    total, part = Stat(30.0, 0.02, 20), Stat(20.0, 0.03, 20)  # absolute spreads 0.6 and 0.6
+    difference = _difference(total, part)
+    assert difference.median == 10.0
+    assert difference.spread == pytest.approx((0.6 ** 2 + 0.6 ** 2) ** 0.5 / 10.0)
+    assert _difference(part, total).median == 0.0 and _difference(part, total).spread == 0.0

@@ -104,7 +104,7 @@ def _measure(role: str, gather: Callable[..., Any], *, device: torch.device, bac
                 call()
                 synchronize(device)
                 row: dict[str, Any] = {"implementation": role, "hidden": with_hidden, "count": count,
-                                       "first_call_ms": (time.perf_counter() - first) * 1e3}
+                                       "first_call_ms": (time.perf_counter() - first) * 1e3 if on_cuda else None}
                 for _ in range(3):
                     call()
                 graph = capturer.capture(step)
@@ -120,7 +120,8 @@ def _measure(role: str, gather: Callable[..., Any], *, device: torch.device, bac
                 rows.append(row)
                 del graph
     totals = {"graphs": tally.graphs, "failed_frames": tally.failed_frames, "graph_breaks": tally.graph_breaks,
-              "first_calls_s": sum(r["first_call_ms"] for r in rows) / 1e3, "sweep_s": time.perf_counter() - started}
+              "first_calls_s": sum(r["first_call_ms"] for r in rows) / 1e3 if on_cuda else None,
+              "sweep_s": time.perf_counter() - started if on_cuda else None}  # emulation: counts only
     return rows, totals
 
 
@@ -189,8 +190,9 @@ def format_table(result: Result, *, device: torch.device) -> str:
                      f" {format_stat(row['graph_us'], digits=1):>14} {format_stat(row.get('graph_vs_eager')) + 'x':>12}")
         lines.append(line)
     lines.append("")
-    lines += [f"{role}: {t['graphs']} graphs compiled, first calls {t['first_calls_s']:.2f} s (compile included), "
-              f"{t['failed_frames']} frames fell back to eager, {t['graph_breaks']} graph breaks"
+    lines += [f"{role}: {t['graphs']} graphs compiled, "
+              + (f"first calls {t['first_calls_s']:.2f} s (compile included), " if t["first_calls_s"] is not None else "")
+              + f"{t['failed_frames']} frames fell back to eager, {t['graph_breaks']} graph breaks"
               for role, t in totals.items()]
     lines.append("'in graph': launches of one replay of [neighbour matmul + gather] minus the neighbour's alone"
                  + ("; 'vs eager' > 1 is faster than eager" if on_cuda else ""))

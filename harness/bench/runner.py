@@ -151,7 +151,7 @@ class InstrumentedCapturer(GraphCapturer):
         graph.probe = self.probe
         self.captures.append({
             "tokens": _leading_size(graph.output),
-            "capture_s": time.perf_counter() - started,
+            "capture_s": time.perf_counter() - started if on_cuda else None,  # emulation: counts only
             "pool_mib": (torch.cuda.memory_reserved(device) - reserved) / 2**20 if on_cuda else None,
             "segments": graph.segment_count, "breaks": graph.break_count,
         })
@@ -289,7 +289,7 @@ def run(options: argparse.Namespace, *, device: torch.device, backend: Any, impl
                 figures[f"{prefix}/capture[{capture['tokens']}]/breaks"] = Figure.count(capture["breaks"])
             figures[f"{prefix}/captures"] = Figure.count(len(capturer.captures))
             rows.append({"model": name, "size": size, "kind": "capture", "captures": capturer.captures,
-                         "capture_total_s": capture_total,
+                         "capture_total_s": capture_total if device.type == "cuda" else None,
                          "pool_total_mib": sum(c["pool_mib"] for c in capturer.captures)
                          if device.type == "cuda" else None})
             for lengths in settings["compositions"]:
@@ -314,9 +314,9 @@ def format_table(result: Result, *, device: torch.device) -> str:
     captures = [r for r in rows if r["kind"] == "capture"]
     lines.append(f"{'model':<12} {'captures (tokens: seconds, pool MiB, segments/breaks)'}")
     for row in captures:
-        parts = [f"{c['tokens']}: {c['capture_s']:.2f}s"
-                 + (f", {c['pool_mib']:.1f} MiB" if c["pool_mib"] is not None else "")
-                 + f", {c['segments']}/{c['breaks']}" for c in row["captures"]]
+        parts = [f"{c['tokens']}: " + (f"{c['capture_s']:.2f}s, " if c["capture_s"] is not None else "")
+                 + (f"{c['pool_mib']:.1f} MiB, " if c["pool_mib"] is not None else "")
+                 + f"{c['segments']}/{c['breaks']}" for c in row["captures"]]
         total = f"; pool total {row['pool_total_mib']:.1f} MiB" if row["pool_total_mib"] is not None else ""
         lines.append(f"{row['model'] + '/' + row['size']:<12} " + " | ".join(parts) + total)
     lines.append("")

@@ -7,28 +7,46 @@ model's ops, so its run count must equal the baseline's eager count.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import io
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from harness.bench import command
+
 SMALL = ["--device", "cpu", "--models", "dense", "--compositions", "1;2,2"]
 
 
-def bench(*arguments: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "harness", "bench", *arguments], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
+@dataclasses.dataclass
+class Completed:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture
+def bench(capsys):
+    """Run ``python -m harness bench ...`` in this process (a subprocess costs seconds of imports)."""
+
+    def run(*arguments: str) -> Completed:
+        capsys.readouterr()
+        status = command.main(list(arguments))
+        captured = capsys.readouterr()
+        return Completed(status, captured.out, captured.err)
+
+    return run
 
 
 @pytest.fixture(scope="module")
 def runner_baseline(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("bench") / "runner.json"
-    completed = bench("runner", *SMALL, "--json", str(path))
-    assert completed.returncode == 0, completed.stderr
-    assert "EMULATION" in completed.stdout
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert command.main(["runner", *SMALL, "--json", str(path)]) == 0
+    assert "EMULATION" in out.getvalue()
     return path
 
 
@@ -41,7 +59,7 @@ def test_emulated_report_holds_counts_and_no_times(runner_baseline):
     assert report["figures"]["dense/tiny/captures"]["value"] == 4
 
 
-def test_rerun_passes_and_eager_fallback_fails(runner_baseline):
+def test_rerun_passes_and_eager_fallback_fails(bench, runner_baseline):
     rerun = bench("runner", *SMALL, "--baseline", str(runner_baseline))
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
     assert "no regression" in rerun.stdout
@@ -60,21 +78,23 @@ def test_rerun_passes_and_eager_fallback_fails(runner_baseline):
     (["runner", "--graph-backend", "cuda", "--device", "cpu"], "--graph-backend cuda needs --device cuda"),
     (["gather", "--counts", "a,b"], "expected comma-separated integers"),
 ])
-def test_bad_options_are_one_line(arguments, message):
+def test_bad_options_are_one_line(bench, arguments, message):
     completed = bench(*arguments)
     assert completed.returncode == 2
     assert message in completed.stderr and "Traceback" not in completed.stderr
 
 
-def test_every_benchmark_lists_shared_and_own_options():
+def test_every_benchmark_lists_shared_and_own_options(bench):
     for name, own in (("runner", "--compositions"), ("gather", "--counts"), ("tolerance", "--dtypes")):
-        completed = bench(name, "--help")
-        assert completed.returncode == 0
+        with pytest.raises(SystemExit) as exited:
+            bench(name, "--help")
+        assert exited.value.code == 0
+        text = command.build_parser()._subparsers._group_actions[0].choices[name].format_help()
         for option in ("--device", "--graph-backend", "--impl", "--json", "--repeat", "--baseline", own):
-            assert option in completed.stdout, (name, option)
+            assert option in text, (name, option)
 
 
-def test_plot_without_the_extra_is_a_usage_error_before_measuring():
+def test_plot_without_the_extra_is_a_usage_error_before_measuring(bench):
     try:
         import matplotlib  # noqa: F401
     except ImportError:

@@ -102,6 +102,12 @@ def test_improvements_and_new_figures_pass_missing_ones_fail():
     assert [f.key for f in failed(list(findings.values()))] == ["a"]
 
 
+def test_a_time_without_a_ratio_is_unmeasured_not_a_verdict():
+    for before, after in ((0.0, 0.4), (0.4, 0.0), (None, 1.0), (1.0, None), (0.0, 0.0)):
+        assert verdict(Figure("time", before, 0.0), Figure("time", after, 0.0)) == "unmeasured"
+    assert not failed(compare(report({"x": Figure("time", 0.0)}), report({"x": Figure("time", 2.0)})))
+
+
 def test_a_kind_change_is_a_finding():
     assert verdict(Figure.count(3), Figure("time", 3.0)) == "changed"
 

@@ -9,7 +9,8 @@ Rules, per figure kind (see :mod:`harness.bench.report`):
   the interquartile range of the repeats over their median; only a change beyond the band counts.
   Getting faster beyond the band is reported, never a failure.
 * A figure of the baseline that the run lacks is a regression (a silent skip would hide one); a
-  figure new in the run is reported only.
+  figure new in the run is reported only. A time that is not positive in one of the runs (a
+  difference of two times that vanished in the noise) has no ratio: it is reported as unmeasured.
 
 A baseline is comparable only with a run of the same benchmark, device class and settings (the
 number of repeats aside); anything else is a usage error, not a verdict.
@@ -47,8 +48,8 @@ class Thresholds:
 
 @dataclasses.dataclass(frozen=True)
 class Finding:
-    """The verdict on one figure: ``ok``, ``improved``, ``new`` pass; ``regression``, ``changed``,
-    ``missing`` fail. ``change`` is the relative worsening (time now / before - 1; for a speed-up,
+    """The verdict on one figure: ``ok``, ``improved``, ``new``, ``unmeasured`` pass; ``regression``,
+    ``changed``, ``missing`` fail. ``change`` is the relative worsening (time now / before - 1; for a speed-up,
     before / now - 1), ``band`` the noise band it was held against."""
 
     key: str
@@ -100,10 +101,8 @@ def _compare_one(key: str, base: Mapping[str, Any], now: Mapping[str, Any], thre
         return Finding(key, kind, "changed", before, after)
     if kind == "count":
         return Finding(key, kind, "ok" if before == after else "changed", before, after)
-    if before is None or after is None:
-        return Finding(key, kind, "ok" if before is None and after is None else "changed", before, after)
-    if before <= 0 or after <= 0:
-        return Finding(key, kind, "ok" if before == after else "changed", before, after)
+    if before is None or after is None or before <= 0 or after <= 0:
+        return Finding(key, kind, "unmeasured", before, after)
     band = thresholds.band(float(now.get("spread", 0.0)), float(base.get("spread", 0.0)))
     change = after / before - 1 if kind == "time" else before / after - 1
     if change > band:
@@ -138,7 +137,7 @@ def failed(findings: Sequence[Finding]) -> list[Finding]:
 def format_findings(findings: Sequence[Finding], *, baseline_path: str, thresholds: Thresholds) -> str:
     """The verdict block: every failing or notable figure, then one summary line."""
     bad = failed(findings)
-    notable = [f for f in findings if f.failed or f.verdict in ("improved", "new")]
+    notable = [f for f in findings if f.failed or f.verdict in ("improved", "new", "unmeasured")]
     lines = [f"baseline {baseline_path}: {len(findings)} figures, counts exact, times beyond "
              f"max({thresholds.floor * 100:.0f}%, {thresholds.noise_factor:g} x spread)"]
     lines += ["  " + finding.describe() for finding in notable]

@@ -24,6 +24,7 @@ import torch
 from harness import impls
 from harness.bench import baseline as baselines
 from harness.bench.report import check_plot_extra, environment, format_header, make_report, read_json, write_json
+from harness.bench.timing import spin_up
 from harness.devices import DEVICE_CHOICES, resolve_device
 from harness.errors import HarnessError, UsageError
 from harness.graphs import BACKEND_NAMES, get_backend
@@ -119,6 +120,7 @@ def _run(options: argparse.Namespace) -> int:
         check_plot_extra()
     thresholds = baselines.Thresholds(floor=options.time_floor, noise_factor=options.noise_factor)
     env = environment(device, backend_name)
+    spin_up(device)
     result = module.run(options, device=device, backend=backend, implementations=implementations,
                         repeat=options.repeat or 30)
     (spec,) = implementations

@@ -14,7 +14,7 @@ import torch
 
 from harness.bench.report import Stat
 
-__all__ = ["Timing", "synchronize", "time_call"]
+__all__ = ["Timing", "synchronize", "time_call", "spin_up"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,6 +28,18 @@ class Timing:
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def spin_up(device: torch.device, *, seconds: float = 0.5) -> None:
+    """Keep the GPU busy for ``seconds`` so that the first measurement does not see idle clocks."""
+    if device.type != "cuda":
+        return
+    a = torch.randn(2048, 2048, device=device)
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        for _ in range(10):
+            a = torch.tanh(a @ a) * 0.5
+        synchronize(device)
 
 
 def time_call(fn: Callable[[], Any], *, device: torch.device, repeat: int, warmup: int = 3,

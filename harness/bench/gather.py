@@ -186,8 +186,8 @@ def format_table(result: Result, *, device: torch.device) -> str:
                 f"{row['launches']:>14g} {row['graph_launches']:>9g}")
         if on_cuda:
             line += (f" {format_stat(row['plain_us'], digits=1):>14} {format_stat(row['plain_wall_us'], digits=1):>14}"
-                     f" {format_stat(row.get('plain_vs_eager')) + 'x':>12}"
-                     f" {format_stat(row['graph_us'], digits=1):>14} {format_stat(row.get('graph_vs_eager')) + 'x':>12}")
+                     f" {format_stat(row.get('plain_vs_eager'), unit='x'):>12}"
+                     f" {format_stat(row['graph_us'], digits=1):>14} {format_stat(row.get('graph_vs_eager'), unit='x'):>12}")
         lines.append(line)
     lines.append("")
     lines += [f"{role}: {t['graphs']} graphs compiled, "

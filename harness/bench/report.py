@@ -175,11 +175,12 @@ def format_header(title: str, env: Mapping[str, Any], settings: Mapping[str, Any
     return "\n".join(lines)
 
 
-def format_stat(stat: Optional[Stat], *, scale: float = 1.0, digits: int = 2) -> str:
-    """``1.02 ±3%``: the median (times ``scale``) and the spread of its repeats; ``-`` when not measured."""
+def format_stat(stat: Optional[Stat], *, scale: float = 1.0, digits: int = 2, unit: str = "") -> str:
+    """``1.02 ±3%``: the median (times ``scale``, then ``unit``) and the spread of its repeats; ``-`` when
+    not measured."""
     if stat is None:
         return "-"
-    return f"{stat.median * scale:.{digits}f} ±{stat.spread * 100:.0f}%"
+    return f"{stat.median * scale:.{digits}f}{unit} ±{stat.spread * 100:.0f}%"
 
 
 def make_report(*, benchmark: str, env: Mapping[str, Any], result: Result,

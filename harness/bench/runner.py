@@ -331,7 +331,7 @@ def format_table(result: Result, *, device: torch.device) -> str:
                 f"{launches:>24} {_number(row['eager_fallbacks']):>9}")
         if on_cuda:
             line += "".join(f" {format_stat(row[k]):>13}" for k in ("eager", "run"))
-            line += f" {format_stat(row['speedup']) + 'x':>12}"
+            line += f" {format_stat(row['speedup'], unit='x'):>12}"
             line += "".join(f" {format_stat(row[k]):>13}" for k in ("segments", "breaks", "glue", "overhead"))
         lines.append(line)
     if on_cuda:

@@ -12,7 +12,7 @@ cd "$(dirname "$0")/../.."
 OUT=${OUT:?set OUT to an output folder}
 mkdir -p "$OUT"
 PY=${PYTHON:-python}
-COMMON=(--device cuda --graph-backend cuda)
+COMMON=(--device cuda --graph-backend cuda --repeat 15)  # 15 samples per figure keeps the script near 3.5 minutes
 PLOT_RUNNER=() PLOT_GATHER=()
 if "$PY" -c "import matplotlib" 2>/dev/null; then
   PLOT_RUNNER=(--plot "$OUT/runner-speedup.png") PLOT_GATHER=(--plot "$OUT/gather-speedup.png")

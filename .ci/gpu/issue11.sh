@@ -37,8 +37,8 @@ step() {  # step NAME EXPECTED_STATUS ARGS...
 
 RB="$OUT/baseline-h200-runner.json"
 GB="$OUT/baseline-h200-gather.json"
-step runner-baseline 0 runner "${COMMON[@]}" --json "$RB" "${PLOT_RUNNER[@]}"
-step gather-baseline 0 gather "${COMMON[@]}" --json "$GB" "${PLOT_GATHER[@]}"
+step runner-baseline 0 runner "${COMMON[@]}" --json "$RB" ${PLOT_RUNNER[@]+"${PLOT_RUNNER[@]}"}
+step gather-baseline 0 gather "${COMMON[@]}" --json "$GB" ${PLOT_GATHER[@]+"${PLOT_GATHER[@]}"}
 step runner-rerun 0 runner "${COMMON[@]}" --baseline "$RB" --json "$OUT/runner-rerun.json"
 step gather-rerun 0 gather "${COMMON[@]}" --baseline "$GB" --json "$OUT/gather-rerun.json"
 step runner-slowed 1 runner "${COMMON[@]}" --baseline "$RB" --json "$OUT/runner-slowed.json" \

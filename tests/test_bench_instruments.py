@@ -12,7 +12,7 @@ import torch
 
 from harness.bench.runner import InstrumentedCapturer, _leading_size, _stubbed_stack
 from harness.graphs import get_backend
-from harness.models import build_model
+from harness.models import LogitsOutput, build_model
 from harness.runner import ForwardBatch, LayerStackRunner
 
 
@@ -54,3 +54,4 @@ def test_leading_size_finds_the_first_tensor():
     assert _leading_size((None, [torch.zeros(5, 2)], torch.zeros(3))) == 5
     assert _leading_size({"a": torch.tensor(1.0), "b": torch.zeros(7)}) == 7
     assert _leading_size(None) is None
+    assert _leading_size(LogitsOutput(torch.zeros(2, 9), torch.zeros(6, 4))) == 2

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import time
 import warnings
 from typing import Any, Callable, Iterator, Optional
@@ -162,6 +163,8 @@ def _leading_size(value: Any) -> Optional[int]:
     """The first dimension of the first tensor in ``value``: the bucket a layer-stack capture ran."""
     if isinstance(value, torch.Tensor):
         return int(value.shape[0]) if value.dim() else None
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = [getattr(value, field.name) for field in dataclasses.fields(value)]
     items = value.values() if isinstance(value, dict) else value if isinstance(value, (tuple, list)) else ()
     for item in items:
         size = _leading_size(item)
@@ -284,9 +287,11 @@ def run(options: argparse.Namespace, *, device: torch.device, backend: Any, impl
             synchronize(device)
             capture_total = time.perf_counter() - started
             prefix = f"{name}/{size}"
-            for capture in capturer.captures:
-                figures[f"{prefix}/capture[{capture['tokens']}]/segments"] = Figure.count(capture["segments"])
-                figures[f"{prefix}/capture[{capture['tokens']}]/breaks"] = Figure.count(capture["breaks"])
+            # Keyed by capture order: the leading size of a capture's output is the bucket only when the
+            # layer stack was captured (a whole-model fallback returns per-request logits).
+            for index, capture in enumerate(capturer.captures):
+                figures[f"{prefix}/capture{index}/segments"] = Figure.count(capture["segments"])
+                figures[f"{prefix}/capture{index}/breaks"] = Figure.count(capture["breaks"])
             figures[f"{prefix}/captures"] = Figure.count(len(capturer.captures))
             rows.append({"model": name, "size": size, "kind": "capture", "captures": capturer.captures,
                          "capture_total_s": capture_total if device.type == "cuda" else None,
@@ -312,22 +317,22 @@ def format_table(result: Result, *, device: torch.device) -> str:
     unit = "host launches" if on_cuda else "ATen ops"
     lines = []
     captures = [r for r in rows if r["kind"] == "capture"]
-    lines.append(f"{'model':<12} {'captures (tokens: seconds, pool MiB, segments/breaks)'}")
+    lines.append(f"{'model':<16} {'captures (output rows: seconds, pool MiB, segments/breaks)'}")
     for row in captures:
         parts = [f"{c['tokens']}: " + (f"{c['capture_s']:.2f}s, " if c["capture_s"] is not None else "")
                  + (f"{c['pool_mib']:.1f} MiB, " if c["pool_mib"] is not None else "")
                  + f"{c['segments']}/{c['breaks']}" for c in row["captures"]]
         total = f"; pool total {row['pool_total_mib']:.1f} MiB" if row["pool_total_mib"] is not None else ""
-        lines.append(f"{row['model'] + '/' + row['size']:<12} " + " | ".join(parts) + total)
+        lines.append(f"{row['model'] + '/' + row['size']:<16} " + " | ".join(parts) + total)
     lines.append("")
-    header = f"{'model':<12} {'batch':<10} {'bucket':>6} {unit + ' eager->run':>24} {'fallbacks':>9}"
+    header = f"{'model':<16} {'batch':<10} {'bucket':>6} {unit + ' eager->run':>24} {'fallbacks':>9}"
     if on_cuda:
         header += (f" {'eager ms':>13} {'run ms':>13} {'speed-up':>12} {'segments ms':>13} {'breaks ms':>13}"
                    f" {'glue ms':>13} {'runner ms':>13}")
     lines += [header, "-" * len(header)]
     for row in (r for r in rows if r["kind"] == "batch"):
         launches = f"{_number(row['launches_eager'])} -> {_number(row['launches_run'])}"
-        line = (f"{row['model'] + '/' + row['size']:<12} {row['batch']:<10} {_number(row['bucket']):>6} "
+        line = (f"{row['model'] + '/' + row['size']:<16} {row['batch']:<10} {_number(row['bucket']):>6} "
                 f"{launches:>24} {_number(row['eager_fallbacks']):>9}")
         if on_cuda:
             line += "".join(f" {format_stat(row[k]):>13}" for k in ("eager", "run"))

@@ -1,13 +1,12 @@
 """``python -m harness`` (also ``graph-harness``): selfcheck and benchmarks.
 
     python -m harness selfcheck [--component C ...] [--graph-backend B] [--device D] [--jobs N] [--json PATH]
-    python -m harness bench gather|runner [options of that benchmark]
+    python -m harness bench runner|gather|tolerance [options; --help lists each benchmark's own]
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 import time
 from pathlib import Path
@@ -18,12 +17,6 @@ from harness.errors import HarnessError
 from harness.graphs import BACKEND_NAMES
 
 __all__ = ["main"]
-
-BENCHMARKS = {
-    "gather": "harness.gather.bench",  # launches and microseconds per call, compile time and graph count
-    "runner": "harness.runner.measure",  # replay-vs-eager differences per model and dtype, against the tolerance table
-}
-
 
 def _project_root() -> Path:
     """The checkout holding ``suites/``: the current directory or the one above the package."""
@@ -55,11 +48,13 @@ def _selfcheck(arguments: argparse.Namespace) -> int:
     return 0 if all(o.ok for o in outcomes) else 1
 
 
-def _bench(arguments: argparse.Namespace, rest: list[str]) -> int:
-    if arguments.target not in BENCHMARKS:
-        raise HarnessError(f"no benchmark called {arguments.target!r}; available: {', '.join(BENCHMARKS)}")
-    module = importlib.import_module(BENCHMARKS[arguments.target])
-    return int(module.main(rest) or 0)
+def _bench(rest: list[str]) -> int:
+    # The bench package owns its command line (shared options, one subcommand per benchmark).
+    from harness.bench.command import BENCHMARKS, main as bench_main
+
+    if rest and not rest[0].startswith("-") and rest[0] not in BENCHMARKS:
+        raise HarnessError(f"no benchmark called {rest[0]!r}; available: {', '.join(BENCHMARKS)}")
+    return bench_main(rest)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,15 +69,14 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("--json", help="also write the kill matrix as JSON here (with seconds to kill per run)")
     check.add_argument("--keep-hints", action="store_true",
                        help="do not rewrite golden/selfcheck/kill_matrix.json (which test killed each mutant)")
-    bench = commands.add_parser("bench", help="benchmarks that print a table and write JSON")
-    bench.add_argument("target", help=f"what to benchmark: {', '.join(BENCHMARKS)}")
+    commands.add_parser("bench", help="benchmarks that print a table and write JSON (bench --help)", add_help=False)
     arguments, rest = parser.parse_known_args(argv)
     if arguments.command == "selfcheck" and rest:
         parser.error(f"unrecognised arguments: {' '.join(rest)}")
     try:
         if arguments.command == "selfcheck":
             return _selfcheck(arguments)
-        return _bench(arguments, rest)
+        return _bench(rest)
     except HarnessError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

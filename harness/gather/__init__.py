@@ -16,7 +16,7 @@ The contract every gather implementation must meet (the suites in ``suites/gathe
 Contents: :func:`eager_gather` (the oracle), :func:`compiled_gather` (the reference, one
 ``torch.compile(dynamic=True)`` function), :class:`SpecExtrasRelay` (a FutureMap-style relay),
 :mod:`harness.gather.accounting` (compile and launch counts), :mod:`harness.gather.probe`
-(crash-prone cases in a child process) and :mod:`harness.gather.bench`.
+(crash-prone cases in a child process); the benchmark is :mod:`harness.bench.gather`.
 """
 
 from harness.gather.accounting import (

@@ -108,6 +108,9 @@ class LaunchCount:
     aten_ops: float
     compiled_regions: float
     kernel_names: tuple[tuple[str, int], ...]
+    # CUDA runtime calls that launch work from the host (kernel launches and CUDA-graph launches):
+    # a graph replay is one launch however many kernels it holds. None off CUDA.
+    host_launches: Optional[float] = None
 
     def summary(self) -> str:
         if self.kernels is not None:
@@ -117,6 +120,7 @@ class LaunchCount:
 
 
 _MEMORY_OP_PREFIXES = ("Memcpy", "Memset", "memcpy", "memset")
+_HOST_LAUNCH_MARKERS = ("LaunchKernel", "GraphLaunch")  # cudaLaunchKernel(ExC), cuLaunchKernel(Ex), cudaGraphLaunch
 
 
 def count_launches(fn: Callable[[], Any], *, device: torch.device | str, calls: int = 3) -> LaunchCount:
@@ -136,9 +140,11 @@ def count_launches(fn: Callable[[], Any], *, device: torch.device | str, calls: 
         if device.type == "cuda":
             torch.cuda.synchronize(device)
     kernels: collections.Counter[str] = collections.Counter()
-    memory_ops = aten_ops = regions = 0
+    memory_ops = aten_ops = regions = host_launches = 0
     for event in profile.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
+        if event.device_type != torch.autograd.DeviceType.CUDA and any(m in event.name for m in _HOST_LAUNCH_MARKERS):
+            host_launches += 1
+        elif event.device_type == torch.autograd.DeviceType.CUDA:
             if event.name.startswith(_MEMORY_OP_PREFIXES):
                 memory_ops += 1
             else:
@@ -155,4 +161,5 @@ def count_launches(fn: Callable[[], Any], *, device: torch.device | str, calls: 
         aten_ops=aten_ops / calls,
         compiled_regions=regions / calls,
         kernel_names=tuple(sorted(kernels.items())),
+        host_launches=host_launches / calls if on_cuda else None,
     )

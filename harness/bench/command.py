@@ -1,0 +1,147 @@
+"""``python -m harness bench BENCHMARK``: one command skeleton for every benchmark.
+
+Shared options (every benchmark): ``--device``, ``--graph-backend``, ``--impl COMPONENT=SPEC``,
+``--json``, ``--repeat``, ``--baseline`` (with ``--time-floor`` and ``--noise-factor``) and
+``--plot``. ``python -m harness bench BENCHMARK --help`` lists the benchmark's own options too.
+
+A benchmark is a module with ``COMPONENTS`` (what ``--impl`` may name), ``DESCRIPTION``,
+``add_options(parser)``, ``run(options, *, device, backend, implementations, repeat) -> Result``,
+``format_table(result, *, device)`` and optionally ``plot(result, path)`` and ``failed(result)``.
+
+Exit status: 0; 1 when ``--baseline`` finds a regression (or the benchmark's own check fails);
+2 on a usage error (one line on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Any, Optional, Sequence
+
+import torch
+
+from harness import impls
+from harness.bench import baseline as baselines
+from harness.bench.report import check_plot_extra, environment, format_header, make_report, read_json, write_json
+from harness.bench.timing import spin_up
+from harness.devices import DEVICE_CHOICES, resolve_device
+from harness.errors import HarnessError, UsageError
+from harness.graphs import BACKEND_NAMES, get_backend
+
+__all__ = ["BENCHMARKS", "build_parser", "main"]
+
+BENCHMARKS = {
+    "runner": "harness.bench.runner",  # replay vs eager: launches, times and their split, captures
+    "gather": "harness.bench.gather",  # eager, compiled and candidate gathers: plain calls and in a graph
+    "tolerance": "harness.bench.tolerance",  # replay-vs-eager differences against the tolerance table
+}
+
+
+def _shared_options() -> argparse.ArgumentParser:
+    shared = argparse.ArgumentParser(add_help=False)
+    group = shared.add_argument_group("options of every benchmark")
+    group.add_argument("--device", choices=DEVICE_CHOICES, default="auto")
+    group.add_argument("--graph-backend", choices=BACKEND_NAMES, default="auto",
+                       help="auto: cuda on a CUDA device, else emulated (counts only, no times)")
+    group.add_argument("--impl", action="append", default=[], metavar="COMPONENT=SPEC",
+                       help="the implementation to measure: reference, mutant:NAME or package.module:attribute")
+    group.add_argument("--json", metavar="PATH", help="write the report (environment, settings, rows, figures) here")
+    group.add_argument("--repeat", type=int, default=None,
+                       help="timed samples per figure (CUDA; default 30); median and spread are reported")
+    group.add_argument("--baseline", metavar="PATH",
+                       help="compare with this report of the same device class; exit 1 on a regression")
+    group.add_argument("--time-floor", type=float, default=baselines.Thresholds.floor,
+                       help="smallest relative change of a time called a regression (default %(default)s)")
+    group.add_argument("--noise-factor", type=float, default=baselines.Thresholds.noise_factor,
+                       help="a time must move this many spreads of the noisier run (default %(default)s)")
+    group.add_argument("--plot", metavar="PNG", help="also plot the speed-ups (needs: pip install -e .[plot])")
+    return shared
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m harness bench",
+                                     description="benchmarks that print a table and write JSON")
+    commands = parser.add_subparsers(dest="benchmark", required=True, metavar="{" + ",".join(BENCHMARKS) + "}")
+    shared = _shared_options()
+    for name, module_name in BENCHMARKS.items():
+        module = importlib.import_module(module_name)
+        sub = commands.add_parser(name, parents=[shared], help=module.DESCRIPTION, description=module.__doc__,
+                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+        module.add_options(sub.add_argument_group(f"options of bench {name}"))
+    return parser
+
+
+def _implementations(options: list[str], components: Sequence[str]) -> dict[str, Any]:
+    """The one implementation to measure, as {spec: Implementation}; the reference when none is named."""
+    chosen: dict[str, str] = {}
+    for option in options:
+        component, spec = impls.parse_impl_option(option)
+        if component not in components:
+            raise UsageError(f"--impl {option!r}: this benchmark measures {' or '.join(components)}, not {component}")
+        if component in chosen:
+            raise UsageError(f"--impl names {component} twice ({chosen[component]!r} and {spec!r}); give one")
+        chosen[component] = spec
+    component = components[0]
+    spec = chosen.get(component, "reference")
+    return {spec: impls.load(component, spec)}
+
+
+def _backend_name(option: str, device: torch.device) -> str:
+    name = option if option != "auto" else ("cuda" if device.type == "cuda" else "emulated")
+    if name == "cuda" and device.type != "cuda":
+        raise UsageError("--graph-backend cuda needs --device cuda (or auto on a machine with a GPU)")
+    return name
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run one benchmark; returns the exit status (usage errors are printed as one line, status 2)."""
+    parser = build_parser()
+    options = parser.parse_args(argv)
+    try:
+        return _run(options)
+    except HarnessError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+
+
+def _run(options: argparse.Namespace) -> int:
+    module = importlib.import_module(BENCHMARKS[options.benchmark])
+    if options.repeat is not None and options.repeat < 1:
+        raise UsageError(f"--repeat {options.repeat}: need at least one sample")
+    device = resolve_device(options.device)
+    backend_name = _backend_name(options.graph_backend, device)
+    backend = get_backend(backend_name, device=device if backend_name == "cuda" else None)
+    implementations = _implementations(options.impl, module.COMPONENTS)
+    baseline = read_json(options.baseline) if options.baseline else None  # a bad file fails before measuring
+    if options.plot:
+        if not hasattr(module, "plot"):
+            raise UsageError(f"bench {options.benchmark} has no plot")
+        check_plot_extra()
+    thresholds = baselines.Thresholds(floor=options.time_floor, noise_factor=options.noise_factor)
+    env = environment(device, backend_name)
+    spin_up(device)
+    result = module.run(options, device=device, backend=backend, implementations=implementations,
+                        repeat=options.repeat or 30)
+    (spec,) = implementations
+    print(format_header(f"bench {options.benchmark} ({spec})", env, result.settings))
+    print(module.format_table(result, device=device))
+    report = make_report(benchmark=options.benchmark, env=env, result=result, implementation=spec)
+    noise = report["noise"]
+    if noise["timed_figures"]:
+        print(f"noise: {noise['timed_figures']} timed figures, median spread {noise['median_spread'] * 100:.1f}%, "
+              f"largest {noise['max_spread'] * 100:.1f}%; a baseline comparison allows "
+              f"max({thresholds.floor * 100:.0f}%, {thresholds.noise_factor:g} x spread)")
+    if options.json:
+        write_json(report, options.json)
+        print(f"wrote {options.json}")
+    if options.plot:
+        module.plot(result, options.plot)
+        print(f"wrote {options.plot}")
+    status = 1 if getattr(module, "failed", lambda result: False)(result) else 0
+    if baseline is not None:
+        findings = baselines.compare(report, baseline, thresholds=thresholds)
+        print(baselines.format_findings(findings, baseline_path=options.baseline, thresholds=thresholds))
+        if baselines.failed(findings):
+            status = 1
+    return status

@@ -1,0 +1,359 @@
+"""``python -m harness bench runner``: what replaying the layer stack buys over eager, and where it goes.
+
+For every chosen zoo model and size, the runner (``--impl runner=SPEC``, the reference by default)
+captures its buckets; then, per batch composition, ``runner.run(batch)`` is set against the eager
+model on the same batch:
+
+* launches per call, eager and run (CUDA: host launch calls, a graph replay being one; emulation:
+  top-level ATen ops), and ``eager_fallbacks`` per call;
+* CUDA only: eager and run time (CUDA events, host wall beside), the speed-up measured in the same
+  run, and the run split into the captured segments' GPU time, the eager breaks, and the rest:
+  the model's eager glue (embedding, logits; measured alone with the layer stack stubbed) and the
+  runner's own host overhead (copies into static buffers, padding, handing out, the patch);
+* per bucket: capture time, pool memory (CUDA), segments and breaks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import time
+import warnings
+from typing import Any, Callable, Iterator, Optional
+
+import torch
+
+from harness.bench.report import Figure, Result, Stat, format_stat, plot_speedups
+from harness.bench.timing import synchronize, time_call
+from harness.errors import UsageError
+from harness.gather.accounting import count_launches
+from harness.graphs import BreakableGraph, GraphCapturer
+from harness.graphs._breakable import Break
+from harness.models import build_model
+from harness.models.engine import ModelConfig
+from harness.runner import ForwardBatch, discover_layer_model
+
+__all__ = ["COMPONENTS", "SIZES", "add_options", "run", "format_table", "plot"]
+
+COMPONENTS = ("runner",)
+DESCRIPTION = __doc__.splitlines()[0]
+
+# "tiny" is the suites' size (host-bound on any GPU); "large" gives the GPU real work per layer.
+SIZES: dict[str, ModelConfig] = {
+    "tiny": ModelConfig(),
+    "large": ModelConfig(vocab_size=32000, hidden_size=1024, intermediate_size=4096, num_layers=8, num_heads=16),
+}
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def add_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--models", default="dense,moe", help="zoo models, comma-separated (default dense,moe)")
+    parser.add_argument("--sizes", default=None,
+                        help=f"model sizes, comma-separated, of {', '.join(SIZES)} (default: both on CUDA, tiny "
+                             "on the emulation)")
+    parser.add_argument("--compositions", default="1;3;2,2,2,2;4,4,4,4;8,8,8,7",
+                        help="batches as request lengths, ';' between batches (default: 1 token, 3 tokens, "
+                             "4 requests of 8, 16 and 31 tokens)")
+    parser.add_argument("--buckets", default="4,8,16,32", help="token-count buckets, comma-separated")
+    parser.add_argument("--dtype", choices=tuple(_DTYPES), default=None,
+                        help="model dtype (default bfloat16 on CUDA, float32 on the emulation)")
+
+
+def _integers(text: str, option: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise UsageError(f"{option} {text!r}: expected comma-separated integers such as 4,8,16") from None
+    if not values or any(v <= 0 for v in values):
+        raise UsageError(f"{option} {text!r}: expected positive integers")
+    return values
+
+
+def _settings(options: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    on_cuda = device.type == "cuda"
+    models = [m.strip() for m in options.models.split(",") if m.strip()]
+    sizes = [s.strip() for s in (options.sizes or ("tiny,large" if on_cuda else "tiny")).split(",") if s.strip()]
+    unknown = [s for s in sizes if s not in SIZES]
+    if unknown:
+        raise UsageError(f"--sizes: unknown size(s) {', '.join(unknown)}; known: {', '.join(SIZES)}")
+    compositions = [list(_integers(c, "--compositions")) for c in options.compositions.split(";") if c.strip()]
+    buckets = sorted(_integers(options.buckets, "--buckets"))
+    too_big = [c for c in compositions if sum(c) > buckets[-1]]
+    if too_big:
+        raise UsageError(f"--compositions {too_big[0]} has {sum(too_big[0])} tokens, more than the largest bucket "
+                         f"{buckets[-1]}")
+    return {"models": models, "sizes": sizes, "compositions": compositions, "buckets": buckets,
+            "dtype": options.dtype or ("bfloat16" if on_cuda else "float32")}
+
+
+class _Probe:
+    """Per-replay accounting of one instrumented graph: CUDA events around each step when enabled."""
+
+    def __init__(self) -> None:
+        self.enabled = False
+        self.pending: list[tuple[str, Any, Any]] = []
+        self.host_in_graph = 0.0
+
+    def drain(self) -> tuple[float, float, float]:
+        """(segments ms, breaks ms, host ms inside graph replays) since the last drain; synchronises."""
+        segments = breaks = 0.0
+        for kind, start, end in self.pending:
+            end.synchronize()
+            if kind == "segment":
+                segments += start.elapsed_time(end)
+            else:
+                breaks += start.elapsed_time(end)
+        host, self.pending, self.host_in_graph = self.host_in_graph, [], 0.0
+        return segments, breaks, host
+
+
+class _TimedGraph(BreakableGraph):
+    probe: _Probe
+
+    def replay(self) -> Any:
+        if not self.probe.enabled:
+            return super().replay()
+        host_start = time.perf_counter()
+        for step in self.steps:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            if isinstance(step, Break):
+                self.replay_break(step)
+            else:
+                step.replay()
+            end.record()
+            self.probe.pending.append(("break" if isinstance(step, Break) else "segment", start, end))
+        self.probe.host_in_graph += (time.perf_counter() - host_start) * 1e3
+        return self.output
+
+
+class InstrumentedCapturer(GraphCapturer):
+    """The reference capturer, recording per capture its time, pool growth, segments and breaks, and able
+    to time each segment and break at replay. The runner under test receives it as ``graphs``."""
+
+    graph_class = _TimedGraph
+
+    def __init__(self, backend: Any) -> None:
+        super().__init__(backend)
+        self.probe = _Probe()
+        self.captures: list[dict[str, Any]] = []
+
+    def capture(self, fn: Callable[[], Any], *, pool: Any = None, warmup_runs: int = 1) -> BreakableGraph:
+        on_cuda = self.backend.name == "cuda"
+        device = getattr(self.backend, "device", None)
+        if on_cuda:
+            torch.cuda.synchronize(device)
+            reserved = torch.cuda.memory_reserved(device)
+        started = time.perf_counter()
+        graph = super().capture(fn, pool=pool, warmup_runs=warmup_runs)
+        if on_cuda:
+            torch.cuda.synchronize(device)
+        graph.probe = self.probe
+        self.captures.append({
+            "tokens": _leading_size(graph.output),
+            "capture_s": time.perf_counter() - started if on_cuda else None,  # emulation: counts only
+            "pool_mib": (torch.cuda.memory_reserved(device) - reserved) / 2**20 if on_cuda else None,
+            "segments": graph.segment_count, "breaks": graph.break_count,
+        })
+        return graph
+
+
+def _leading_size(value: Any) -> Optional[int]:
+    """The first dimension of the first tensor in ``value``: the bucket a layer-stack capture ran."""
+    if isinstance(value, torch.Tensor):
+        return int(value.shape[0]) if value.dim() else None
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = [getattr(value, field.name) for field in dataclasses.fields(value)]
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (tuple, list)) else ()
+    for item in items:
+        size = _leading_size(item)
+        if size is not None:
+            return size
+    return None
+
+
+@contextlib.contextmanager
+def _stubbed_stack(model: torch.nn.Module, batch: ForwardBatch) -> Iterator[None]:
+    """The layer stack replaced by a function handing back its real output for ``batch``: what is left of
+    a forward is the model's eager glue (embedding, logits processing)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        stack = discover_layer_model(model).module
+    real_forward = stack.forward
+    outputs: list[Any] = []
+
+    def record(*args: Any, **kwargs: Any) -> Any:
+        outputs.append(real_forward(*args, **kwargs))
+        return outputs[-1]
+
+    stack.forward = record
+    try:
+        with torch.no_grad():
+            model(batch.input_ids, batch.positions, batch)
+        stack.forward = lambda *args, **kwargs: outputs[0]
+        yield
+    finally:
+        del stack.forward
+
+
+def _fallbacks(runner: Any) -> Optional[int]:
+    stats = getattr(runner, "stats", None)
+    return getattr(stats, "eager_fallbacks", None)
+
+
+def _launches(fn: Callable[[], Any], device: torch.device) -> dict[str, Optional[float]]:
+    fn()
+    counted = count_launches(fn, device=device)
+    if device.type == "cuda":
+        return {"launches": counted.host_launches, "kernels": counted.kernels}
+    return {"launches": counted.aten_ops, "kernels": None}
+
+
+def _measure_batch(runner: Any, model: torch.nn.Module, capturer: InstrumentedCapturer, lengths: list[int], *,
+                   device: torch.device, repeat: int, config: ModelConfig) -> dict[str, Any]:
+    batch = ForwardBatch.from_lengths(lengths, vocab_size=config.vocab_size, seed=len(lengths), device=device)
+    run_call = getattr(runner, "run", None) or runner.replay
+
+    def eager() -> Any:
+        with torch.no_grad():
+            return model(batch.input_ids, batch.positions, batch)
+
+    def replay() -> Any:
+        return run_call(batch)
+
+    before = _fallbacks(runner)
+    replay()
+    after = _fallbacks(runner)
+    row: dict[str, Any] = {
+        "batch": "+".join(map(str, lengths)), "requests": len(lengths), "tokens": sum(lengths),
+        "bucket": min((b for b in runner.buckets if b >= sum(lengths)), default=None)
+        if hasattr(runner, "buckets") else None,
+        "eager_fallbacks": None if before is None or after is None else after - before,
+    }
+    eager_counts, run_counts = _launches(eager, device), _launches(replay, device)
+    row.update(launches_eager=eager_counts["launches"], launches_run=run_counts["launches"],
+               kernels_eager=eager_counts["kernels"], kernels_run=run_counts["kernels"])
+    if device.type != "cuda":
+        return row
+    eager_time = time_call(eager, device=device, repeat=repeat)
+    run_time = time_call(replay, device=device, repeat=repeat)
+    row.update(eager=eager_time.gpu, eager_wall=eager_time.wall, run=run_time.gpu, run_wall=run_time.wall,
+               speedup=run_time.gpu.ratio_to(eager_time.gpu))
+    # The split: a second pass with events around every segment and break (the events cost a little,
+    # which is why the headline time comes from the uninstrumented pass above).
+    splits: dict[str, list[float]] = {"segments": [], "breaks": [], "outside": []}
+    capturer.probe.enabled = True
+    try:
+        capturer.probe.drain()
+        for _ in range(repeat):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            replay()
+            end.record()
+            end.synchronize()
+            segments, breaks, _ = capturer.probe.drain()
+            splits["segments"].append(segments)
+            splits["breaks"].append(breaks)
+            splits["outside"].append(max(start.elapsed_time(end) - segments - breaks, 0.0))
+    finally:
+        capturer.probe.enabled = False
+    with _stubbed_stack(model, batch):
+        glue = time_call(eager, device=device, repeat=repeat).gpu
+    row.update(segments=Stat.of(splits["segments"]), breaks=Stat.of(splits["breaks"]), glue=glue,
+               overhead=Stat.of([max(o - glue.median, 0.0) for o in splits["outside"]]))
+    if not splits["segments"] or max(splits["segments"]) == 0.0:  # a runner that never replayed our graphs
+        row.update(segments=None, breaks=None, overhead=None)
+    return row
+
+
+def run(options: argparse.Namespace, *, device: torch.device, backend: Any, implementations: dict[str, Any],
+        repeat: int) -> Result:
+    """Capture and measure every model, size and batch composition."""
+    settings = _settings(options, device)
+    (spec, implementation), = implementations.items()
+    rows: list[dict[str, Any]] = []
+    figures: dict[str, Figure] = {}
+    for size in settings["sizes"]:
+        for name in settings["models"]:
+            config = SIZES[size]
+            model = build_model(name, seed=0, dtype=_DTYPES[settings["dtype"]], device=device, config=config)
+            capturer = InstrumentedCapturer(backend)
+            synchronize(device)
+            started = time.perf_counter()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                runner = implementation.obj(model, buckets=settings["buckets"], graphs=capturer)
+            synchronize(device)
+            capture_total = time.perf_counter() - started
+            prefix = f"{name}/{size}"
+            # Keyed by capture order: the leading size of a capture's output is the bucket only when the
+            # layer stack was captured (a whole-model fallback returns per-request logits).
+            for index, capture in enumerate(capturer.captures):
+                figures[f"{prefix}/capture{index}/segments"] = Figure.count(capture["segments"])
+                figures[f"{prefix}/capture{index}/breaks"] = Figure.count(capture["breaks"])
+            figures[f"{prefix}/captures"] = Figure.count(len(capturer.captures))
+            rows.append({"model": name, "size": size, "kind": "capture", "captures": capturer.captures,
+                         "capture_total_s": capture_total if device.type == "cuda" else None,
+                         "pool_total_mib": sum(c["pool_mib"] for c in capturer.captures)
+                         if device.type == "cuda" else None})
+            for lengths in settings["compositions"]:
+                row = _measure_batch(runner, model, capturer, lengths, device=device, repeat=repeat, config=config)
+                rows.append({"model": name, "size": size, "kind": "batch", **row})
+                key = f"{prefix}/{row['batch']}"
+                for field in ("launches_eager", "launches_run", "eager_fallbacks"):
+                    figures[f"{key}/{field}"] = Figure.count(row[field])
+                if device.type == "cuda":
+                    figures[f"{key}/eager_ms"] = Figure.time(row["eager"], "ms")
+                    figures[f"{key}/run_ms"] = Figure.time(row["run"], "ms")
+                    figures[f"{key}/speedup"] = Figure.speedup(row["speedup"])
+            del runner, model, capturer
+    return Result(settings, rows, figures)
+
+
+def format_table(result: Result, *, device: torch.device) -> str:
+    rows = result.rows
+    on_cuda = device.type == "cuda"
+    unit = "host launches" if on_cuda else "ATen ops"
+    lines = []
+    captures = [r for r in rows if r["kind"] == "capture"]
+    lines.append(f"{'model':<16} {'captures (output rows: seconds, pool MiB, segments/breaks)'}")
+    for row in captures:
+        parts = [f"{c['tokens']}: " + (f"{c['capture_s']:.2f}s, " if c["capture_s"] is not None else "")
+                 + (f"{c['pool_mib']:.1f} MiB, " if c["pool_mib"] is not None else "")
+                 + f"{c['segments']}/{c['breaks']}" for c in row["captures"]]
+        total = f"; pool total {row['pool_total_mib']:.1f} MiB" if row["pool_total_mib"] is not None else ""
+        lines.append(f"{row['model'] + '/' + row['size']:<16} " + " | ".join(parts) + total)
+    lines.append("")
+    header = f"{'model':<16} {'batch':<10} {'bucket':>6} {unit + ' eager->run':>24} {'fallbacks':>9}"
+    if on_cuda:
+        header += (f" {'eager ms':>13} {'run ms':>13} {'speed-up':>12} {'segments ms':>13} {'breaks ms':>13}"
+                   f" {'glue ms':>13} {'runner ms':>13}")
+    lines += [header, "-" * len(header)]
+    for row in (r for r in rows if r["kind"] == "batch"):
+        launches = f"{_number(row['launches_eager'])} -> {_number(row['launches_run'])}"
+        line = (f"{row['model'] + '/' + row['size']:<16} {row['batch']:<10} {_number(row['bucket']):>6} "
+                f"{launches:>24} {_number(row['eager_fallbacks']):>9}")
+        if on_cuda:
+            line += "".join(f" {format_stat(row[k]):>13}" for k in ("eager", "run"))
+            line += f" {format_stat(row['speedup'], unit='x'):>12}"
+            line += "".join(f" {format_stat(row[k]):>13}" for k in ("segments", "breaks", "glue", "overhead"))
+        lines.append(line)
+    if on_cuda:
+        lines.append("times: median ±(interquartile range / median) over the repeats; GPU timeline by CUDA events. "
+                     "run = segments + breaks + glue + runner; 'runner' is the runner's host overhead.")
+    return "\n".join(lines)
+
+
+def _number(value: Any) -> str:
+    return "-" if value is None else f"{value:g}"
+
+
+def plot(result: Result, path: str) -> None:
+    rows = result.rows
+    series: dict[str, list[tuple[float, float]]] = {}
+    for row in rows:
+        if row["kind"] == "batch" and isinstance(row.get("speedup"), Stat):
+            label = f"{row['model']}/{row['size']}, {row['requests']} request(s)"
+            series.setdefault(label, []).append((row["tokens"], row["speedup"].median))
+    plot_speedups(path, title="runner: replay vs eager", xlabel="tokens in the batch", series=series)

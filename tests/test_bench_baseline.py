@@ -1,0 +1,193 @@
+"""The baseline comparison: counts exact, times and speed-ups by ratio beyond the noise band.
+
+Oracles are closed forms: the band is max(floor, factor x the larger spread), and a time regresses
+exactly when now / before - 1 exceeds it (a speed-up: before / now - 1). Property tests sweep the
+whole plane of (before, after, spreads, thresholds) around the boundary.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from harness.bench import Figure, Stat, Thresholds, compare, failed, read_json
+from harness.bench.baseline import format_findings
+from harness.bench.report import SCHEMA, Result, make_report
+from harness.errors import UsageError
+
+ROOT = Path(__file__).resolve().parent.parent
+BASELINES = ROOT / "harness" / "bench" / "baselines"
+ENV = {"device_class": "cuda:NVIDIA H200/cuda", "emulated": False}
+
+
+def report(figures: dict[str, Figure], *, settings: dict | None = None, env: dict | None = None,
+           benchmark: str = "runner") -> dict:
+    result = Result(settings or {"models": ["dense"], "repeat": 30}, [], figures)
+    return make_report(benchmark=benchmark, env=env or ENV, result=result, implementation="reference")
+
+
+def verdict(before: Figure, after: Figure, thresholds: Thresholds = Thresholds()) -> str:
+    (finding,) = compare(report({"x": after}), report({"x": before}), thresholds=thresholds)
+    return finding.verdict
+
+
+# -- counts ------------------------------------------------------------------------------------
+
+
+@given(before=st.integers(0, 10_000), delta=st.integers(-50, 50))
+def test_counts_are_exact_in_both_directions(before, delta):
+    expected = "ok" if delta == 0 else "changed"
+    assert verdict(Figure.count(before), Figure.count(before + delta)) == expected
+
+
+def test_one_more_launch_fails_however_loose_the_time_thresholds():
+    loose = Thresholds(floor=10.0, noise_factor=100.0)
+    assert verdict(Figure.count(2), Figure.count(3), loose) == "changed"
+    assert verdict(Figure.count(None), Figure.count(None)) == "ok"
+    assert verdict(Figure.count(0), Figure.count(None)) == "changed"
+
+
+# -- times and speed-ups -------------------------------------------------------------------------
+
+positive = st.floats(1e-3, 1e3, allow_nan=False)
+spread = st.floats(0.0, 0.5, allow_nan=False)
+
+
+@given(before=positive, ratio=st.floats(0.2, 5.0), spread_before=spread, spread_now=spread,
+       floor=st.floats(0.0, 0.5), factor=st.floats(0.0, 5.0))
+def test_time_verdict_is_the_closed_form(before, ratio, spread_before, spread_now, floor, factor):
+    after = before * ratio
+    band = max(floor, factor * max(spread_before, spread_now))
+    change = after / before - 1
+    expected = "regression" if change > band else "improved" if (1 + change) * (1 + band) < 1 else "ok"
+    thresholds = Thresholds(floor=floor, noise_factor=factor)
+    got = verdict(Figure("time", before, spread_before, "ms"), Figure("time", after, spread_now, "ms"), thresholds)
+    assert got == expected
+
+
+@given(before=positive, ratio=st.floats(0.2, 5.0), noise=spread)
+def test_speedup_is_higher_better_mirror_of_time(before, ratio, noise):
+    # A speed-up falling from s to s / r regresses exactly as a time rising from t to t * r.
+    as_time = verdict(Figure("time", before, noise), Figure("time", before * ratio, noise))
+    as_speedup = verdict(Figure("speedup", before, noise), Figure("speedup", before / ratio, noise))
+    assert as_time == as_speedup
+
+
+def test_noise_band_widens_with_the_noisier_run():
+    quiet, noisy = Figure("time", 1.0, 0.01, "ms"), Figure("time", 1.3, 0.2, "ms")
+    assert verdict(quiet, Figure("time", 1.3, 0.01, "ms")) == "regression"  # band = floor 15%
+    assert verdict(quiet, noisy) == "ok"  # band = 3 x 20% = 60%
+    assert verdict(Figure("time", 1.3, 0.2, "ms"), Figure("time", 1.0, 0.01, "ms")) == "ok"  # not beyond 60%
+    assert verdict(Figure("time", 2.0, 0.01, "ms"), Figure("time", 1.0, 0.01, "ms")) == "improved"
+
+
+def test_exactly_on_the_band_is_not_a_regression():
+    thresholds = Thresholds(floor=0.25, noise_factor=0.0)
+    assert verdict(Figure("time", 4.0), Figure("time", 5.0), thresholds) == "ok"
+    assert verdict(Figure("time", 4.0), Figure("time", 5.0 + 1e-9), thresholds) == "regression"
+
+
+def test_improvements_and_new_figures_pass_missing_ones_fail():
+    before = report({"a": Figure.count(1), "b": Figure("time", 2.0, 0.0)})
+    now = report({"b": Figure("time", 1.0, 0.0), "c": Figure.count(5)})
+    findings = {f.key: f for f in compare(now, before)}
+    assert [findings[k].verdict for k in "abc"] == ["missing", "improved", "new"]
+    assert [f.key for f in failed(list(findings.values()))] == ["a"]
+
+
+def test_a_time_without_a_ratio_is_unmeasured_not_a_verdict():
+    for before, after in ((0.0, 0.4), (0.4, 0.0), (None, 1.0), (1.0, None), (0.0, 0.0)):
+        assert verdict(Figure("time", before, 0.0), Figure("time", after, 0.0)) == "unmeasured"
+    assert not failed(compare(report({"x": Figure("time", 0.0)}), report({"x": Figure("time", 2.0)})))
+
+
+def test_a_kind_change_is_a_finding():
+    assert verdict(Figure.count(3), Figure("time", 3.0)) == "changed"
+
+
+# -- comparability -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"benchmark": "gather"}, "is a 'runner' report, this run is 'gather'"),
+    ({"env": {"device_class": "cpu/emulated", "emulated": True}}, "measured on 'cuda:NVIDIA H200/cuda'"),
+    ({"settings": {"models": ["moe"], "repeat": 30}}, "models: baseline ['dense'], now ['moe']"),
+])
+def test_incomparable_runs_are_usage_errors(change, message):
+    baseline = report({"x": Figure.count(1)})
+    now = report({"x": Figure.count(1)}, **change)
+    with pytest.raises(UsageError, match=message.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(")):
+        compare(now, baseline)
+
+
+def test_repeat_and_implementation_may_differ():
+    baseline = report({"x": Figure.count(1)}, settings={"models": ["dense"], "repeat": 50})
+    now = report({"x": Figure.count(1)}, settings={"models": ["dense"], "repeat": 5})
+    now["implementation"] = "harness.bench.variants:SlowedRunner"
+    assert [f.verdict for f in compare(now, baseline)] == ["ok"]
+
+
+def test_stat_spread_is_interquartile_range_over_median():
+    stat = Stat.of([1.0, 2.0, 3.0, 4.0, 5.0])
+    assert stat.median == 3.0 and stat.spread == pytest.approx((4.0 - 2.0) / 3.0)
+    assert Stat.of([2.0, 4.0]).spread == pytest.approx(2.0 / 3.0)  # few samples: full range
+    ratio = Stat(2.0, 0.03, 10).ratio_to(Stat(6.0, 0.04, 10))
+    assert ratio.median == 3.0 and ratio.spread == pytest.approx(0.05)
+
+
+def test_format_names_every_failing_figure_and_its_band():
+    before = report({"dense/1/run_ms": Figure("time", 1.0, 0.01, "ms"), "dense/1/launches_run": Figure.count(1)})
+    now = report({"dense/1/run_ms": Figure("time", 3.0, 0.01, "ms"), "dense/1/launches_run": Figure.count(40)})
+    text = format_findings(compare(now, before), baseline_path="b.json", thresholds=Thresholds())
+    assert "regression dense/1/run_ms: 1 -> 3 (+200.0% worse, noise band 15.0%)" in text
+    assert "changed    dense/1/launches_run: 1 -> 40 (counts must match exactly)" in text
+    assert text.splitlines()[-1] == "REGRESSION: 2 of 2 figures"
+
+
+# -- files -------------------------------------------------------------------------------------
+
+
+def test_bad_baseline_files_are_one_line_errors(tmp_path):
+    with pytest.raises(UsageError, match="no such file"):
+        read_json(tmp_path / "absent.json")
+    (tmp_path / "junk.json").write_text("{not json")
+    with pytest.raises(UsageError, match="not a readable JSON report"):
+        read_json(tmp_path / "junk.json")
+    (tmp_path / "other.json").write_text(json.dumps({"schema": SCHEMA + 1}))
+    with pytest.raises(UsageError, match="not a benchmark report"):
+        read_json(tmp_path / "other.json")
+
+
+@pytest.mark.parametrize("path", sorted(BASELINES.glob("*.json")), ids=lambda p: p.name)
+def test_committed_baselines_are_readable_and_pass_against_themselves(path):
+    baseline = read_json(path)
+    findings = compare(copy.deepcopy(baseline), baseline)
+    assert findings and not failed(findings)
+    if baseline["environment"]["emulated"]:  # the emulation makes no speed claim
+        assert {f["kind"] for f in baseline["figures"].values()} == {"count"}
+
+
+def test_cli_reports_a_bad_baseline_in_one_line(tmp_path):
+    completed = subprocess.run([sys.executable, "-m", "harness", "bench", "runner", "--device", "cpu",
+                                "--baseline", str(tmp_path / "absent.json")],
+                               cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 2
+    assert "baseline" in completed.stderr and "no such file" in completed.stderr
+    assert "Traceback" not in completed.stderr
+
+
+def test_difference_spread_is_relative_to_the_difference():
+    from harness.bench.gather import _difference
+
+    total, part = Stat(30.0, 0.02, 20), Stat(20.0, 0.03, 20)  # absolute spreads 0.6 and 0.6
+    difference = _difference(total, part)
+    assert difference.median == 10.0
+    assert difference.spread == pytest.approx((0.6 ** 2 + 0.6 ** 2) ** 0.5 / 10.0)
+    assert _difference(part, total).median == 0.0 and _difference(part, total).spread == 0.0

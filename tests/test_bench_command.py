@@ -1,0 +1,105 @@
+"""The bench command end to end on the emulated backend: counts only, exit status from the baseline.
+
+Small settings (one model, two batches) keep it to seconds; nothing here is timed. The oracle for
+"regressed" is the construction of the variants: an eager-running runner launches exactly the eager
+model's ops, so its run count must equal the baseline's eager count.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from harness.bench import command
+
+SMALL = ["--device", "cpu", "--models", "dense", "--compositions", "1;2,2"]
+
+
+@dataclasses.dataclass
+class Completed:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture
+def bench(capsys):
+    """Run ``python -m harness bench ...`` in this process (a subprocess costs seconds of imports)."""
+
+    def run(*arguments: str) -> Completed:
+        capsys.readouterr()
+        status = command.main(list(arguments))
+        captured = capsys.readouterr()
+        return Completed(status, captured.out, captured.err)
+
+    return run
+
+
+@pytest.fixture(scope="module")
+def runner_baseline(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("bench") / "runner.json"
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert command.main(["runner", *SMALL, "--json", str(path)]) == 0
+    assert "EMULATION" in out.getvalue()
+    return path
+
+
+def test_emulated_report_holds_counts_and_no_times(runner_baseline):
+    report = json.loads(runner_baseline.read_text())
+    assert report["environment"]["device_class"] == "cpu/emulated"
+    assert {figure["kind"] for figure in report["figures"].values()} == {"count"}
+    assert report["figures"]["dense/tiny/2+2/eager_fallbacks"]["value"] == 0
+    # Four buckets captured, each a graph of attention breaks between segments.
+    assert report["figures"]["dense/tiny/captures"]["value"] == 4
+
+
+def test_rerun_passes_and_eager_fallback_fails(bench, runner_baseline):
+    rerun = bench("runner", *SMALL, "--baseline", str(runner_baseline))
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    assert "no regression" in rerun.stdout
+    fallback = bench("runner", *SMALL, "--baseline", str(runner_baseline),
+                     "--impl", "runner=harness.bench.variants:EagerFallbackRunner")
+    assert fallback.returncode == 1, fallback.stdout + fallback.stderr
+    baseline = json.loads(runner_baseline.read_text())["figures"]
+    eager_ops = baseline["dense/tiny/1/launches_eager"]["value"]
+    assert f"changed    dense/tiny/1/launches_run: {baseline['dense/tiny/1/launches_run']['value']:.4g} -> " \
+           f"{eager_ops:.4g}" in fallback.stdout
+
+
+@pytest.mark.parametrize(("arguments", "message"), [
+    (["runner", "--impl", "gather=reference"], "this benchmark measures runner, not gather"),
+    (["runner", "--compositions", "40"], "more than the largest bucket 32"),
+    (["runner", "--graph-backend", "cuda", "--device", "cpu"], "--graph-backend cuda needs --device cuda"),
+    (["gather", "--counts", "a,b"], "expected comma-separated integers"),
+])
+def test_bad_options_are_one_line(bench, arguments, message):
+    completed = bench(*arguments)
+    assert completed.returncode == 2
+    assert message in completed.stderr and "Traceback" not in completed.stderr
+
+
+def test_every_benchmark_lists_shared_and_own_options(bench):
+    for name, own in (("runner", "--compositions"), ("gather", "--counts"), ("tolerance", "--dtypes")):
+        with pytest.raises(SystemExit) as exited:
+            bench(name, "--help")
+        assert exited.value.code == 0
+        text = command.build_parser()._subparsers._group_actions[0].choices[name].format_help()
+        for option in ("--device", "--graph-backend", "--impl", "--json", "--repeat", "--baseline", own):
+            assert option in text, (name, option)
+
+
+def test_plot_without_the_extra_is_a_usage_error_before_measuring(bench):
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        completed = bench("runner", "--plot", "speedup.png")
+        assert completed.returncode == 2
+        assert "pip install -e .[plot]" in completed.stderr and "Traceback" not in completed.stderr
+    else:
+        pytest.skip("matplotlib is installed here: the missing-extra message cannot be shown")

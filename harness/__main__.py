@@ -2,4 +2,4 @@ import sys
 
 from harness.cli import main
 
-sys.exit(main())
+sys.exit(main(prog="python -m harness"))

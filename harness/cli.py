@@ -1,7 +1,8 @@
-"""``python -m harness`` (also ``graph-harness``): selfcheck and benchmarks.
+"""``python -m harness`` (also ``graph-harness``): list, selfcheck and benchmarks.
 
+    python -m harness list [--component C ...]
     python -m harness selfcheck [--component C ...] [--graph-backend B] [--device D] [--jobs N] [--json PATH]
-    python -m harness bench gather|runner [options of that benchmark]
+    python -m harness bench gather|runner [options of that benchmark; --help lists them]
 """
 
 from __future__ import annotations
@@ -12,10 +13,10 @@ import sys
 import time
 from pathlib import Path
 
-from harness import impls
-from harness.devices import DEVICE_CHOICES
+from harness import components, impls
+from harness.devices import DEVICE_CHOICES, resolve_device
 from harness.errors import HarnessError
-from harness.graphs import BACKEND_NAMES
+from harness.graphs import BACKEND_NAMES, get_backend
 
 __all__ = ["main"]
 
@@ -33,14 +34,47 @@ def _project_root() -> Path:
     raise HarnessError("cannot find the suites/ folder: run this from the root of a harness checkout")
 
 
-def _selfcheck(arguments: argparse.Namespace) -> int:
-    from harness import selfcheck
-
+def _chosen_components(arguments: argparse.Namespace) -> list[str]:
     available = list(impls.components())
     chosen = arguments.component or available
     unknown = [c for c in chosen if c not in available]
     if unknown:
         raise HarnessError(f"unknown component(s) {', '.join(unknown)}; known: {', '.join(available)}")
+    return chosen
+
+
+def _list(arguments: argparse.Namespace) -> int:
+    """Print each component of the table: reference, oracle, suite, doc, and its mutants with their bugs."""
+    for name in _chosen_components(arguments):
+        row = components.get_component(name)
+        print(f"{row.name}: {row.summary}")
+        fields = [("reference", f"{row.reference}  (--impl {row.name}=reference, the default)"),
+                  ("oracle", row.oracle), ("suite", row.suite), ("doc", row.doc)]
+        fields += [("also", f"{target}  (--impl {row.name}={alias})") for alias, target in row.also_registered.items()]
+        for label, value in fields:
+            print(f"  {label:<10} {value}")
+        mutants = impls.mutants(name)
+        print(f"  mutants    {len(mutants)}, each selected by --impl {row.name}=mutant:NAME; the suite must kill every one:")
+        width = max((len(m.name) for m in mutants), default=0)
+        for mutant in mutants:
+            print(f"    {mutant.name.removeprefix('mutant:'):<{width - len('mutant:')}}  {mutant.bug}")
+        print()
+    print("Your own implementation: --impl COMPONENT=package.module:attribute (see each doc for the interface).")
+    return 0
+
+
+def _check_device(arguments: argparse.Namespace) -> None:
+    """Ask for a GPU once, here, rather than in every child process of the matrix."""
+    device = resolve_device(arguments.device)
+    if arguments.graph_backend == "cuda":
+        get_backend("cuda", device=device if device.type == "cuda" else None)
+
+
+def _selfcheck(arguments: argparse.Namespace) -> int:
+    from harness import selfcheck
+
+    chosen = _chosen_components(arguments)
+    _check_device(arguments)
     root = _project_root()
     started = time.perf_counter()
     outcomes = selfcheck.run_selfcheck(components=chosen, graph_backend=arguments.graph_backend,
@@ -55,16 +89,32 @@ def _selfcheck(arguments: argparse.Namespace) -> int:
     return 0 if all(o.ok for o in outcomes) else 1
 
 
-def _bench(arguments: argparse.Namespace, rest: list[str]) -> int:
+def _bench(arguments: argparse.Namespace, rest: list[str], bench_parser: argparse.ArgumentParser) -> int:
+    if arguments.target in (None, "-h", "--help"):
+        # The bench parser has no -h of its own, so that `bench gather --help` reaches the benchmark.
+        bench_parser.print_help()
+        return 0 if arguments.target or "-h" in rest or "--help" in rest else 2
     if arguments.target not in BENCHMARKS:
         raise HarnessError(f"no benchmark called {arguments.target!r}; available: {', '.join(BENCHMARKS)}")
     module = importlib.import_module(BENCHMARKS[arguments.target])
     return int(module.main(rest) or 0)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness", description=__doc__.splitlines()[0])
-    commands = parser.add_subparsers(dest="command", required=True)
+def _invoked_as() -> str:
+    """``graph-harness`` from the console script, ``python -m harness`` otherwise, for usage lines."""
+    name = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else ""
+    return name if name and name not in ("__main__.py", "-c") and not name.startswith("python") else "python -m harness"
+
+
+def main(argv: list[str] | None = None, *, prog: str | None = None) -> int:
+    prog = prog or _invoked_as()
+    parser = argparse.ArgumentParser(
+        prog=prog, description="Correctness harness for LLM-inference graph optimisations: list what can be "
+                               "tested, run the mutant kill matrix, run benchmarks.",
+        epilog=f"'{prog} COMMAND --help' describes each command.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    listing = commands.add_parser("list", help="list the components, their reference, oracle, suite and mutants")
+    listing.add_argument("--component", action="append", help="limit to this component (repeatable)")
     check = commands.add_parser("selfcheck", help="run every mutant against its suites; fail if one survives")
     check.add_argument("--component", action="append", help="limit to this component (repeatable)")
     check.add_argument("--graph-backend", choices=BACKEND_NAMES, default="auto")
@@ -74,15 +124,20 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("--json", help="also write the kill matrix as JSON here (with seconds to kill per run)")
     check.add_argument("--keep-hints", action="store_true",
                        help="do not rewrite golden/selfcheck/kill_matrix.json (which test killed each mutant)")
-    bench = commands.add_parser("bench", help="benchmarks that print a table and write JSON")
-    bench.add_argument("target", help=f"what to benchmark: {', '.join(BENCHMARKS)}")
+    bench = commands.add_parser("bench", help="benchmarks that print a table and write JSON", add_help=False,
+                                usage=f"{prog} bench {{{','.join(BENCHMARKS)}}} [options of that benchmark]",
+                                description=f"Benchmarks: {', '.join(BENCHMARKS)}. "
+                                            f"'{prog} bench NAME --help' lists the options of one.")
+    bench.add_argument("target", nargs="?", help=f"what to benchmark: {', '.join(BENCHMARKS)}")
     arguments, rest = parser.parse_known_args(argv)
-    if arguments.command == "selfcheck" and rest:
+    if arguments.command != "bench" and rest:
         parser.error(f"unrecognised arguments: {' '.join(rest)}")
     try:
+        if arguments.command == "list":
+            return _list(arguments)
         if arguments.command == "selfcheck":
             return _selfcheck(arguments)
-        return _bench(arguments, rest)
+        return _bench(arguments, rest, bench)
     except HarnessError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -294,16 +294,16 @@ def reproduce_command(config: pytest.Config, nodeid: str, *, replay: tuple[str, 
 
 
 def failure_context(request: pytest.FixtureRequest, /, **details: Any) -> dict[str, Any]:
-    """Context for :func:`harness.compare.assert_equivalent` failure messages."""
+    """Context for :func:`harness.compare.assert_equivalent` failure messages: implementations,
+    backend and ``details`` (seed, shapes, ...); the report adds the command that reproduces it."""
     session = session_of(request.config)
     context: dict[str, Any] = {
         "implementations": dict(session.impl_specs) or "reference",
         "backend": session.backend.name,
     }
     context.update(details)
-    # Hypothesis tests get the complete line (with the falsifying example) in the "reproduce" section
-    # that annotate_failure adds to the report; this one reruns the test under the same profile.
-    context["reproduce"] = reproduce_command(request.config, request.node.nodeid)
+    # No command here: it is written once, complete, in the "reproduce" section that annotate_failure
+    # adds to every failed test's report, where hypothesis's falsifying example is known.
     return context
 
 

@@ -142,6 +142,13 @@ def test_good_user_module_passes_the_smoke_call(user_modules, component, spec):
 
 
 @pytest.mark.parametrize("component", impls.components())
+def test_the_reference_named_by_path_passes_the_smoke_call(component):
+    from harness.components import get_component
+
+    assert impls.load(component, get_component(component).reference).kind == "external"
+
+
+@pytest.mark.parametrize("component", impls.components())
 def test_every_registered_implementation_loads(component):
     """Registered mutants skip the smoke call: one too broken to build is for its suite to kill."""
     for name, impl in impls.implementations(component).items():

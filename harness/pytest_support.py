@@ -136,7 +136,7 @@ def _parse_reproduce_failure(value: str) -> tuple[str, bytes]:
     match = _REPLAY_FORMAT.match(value.strip())
     if match is None:
         raise UsageError(f"--reproduce-failure {value!r}: expected VERSION:BLOB as a failure's reproduce line "
-                         "gives it, for example 6.170.17:AXicY2BkAAAAEQAF")
+                         f"gives it, for example {hypothesis.__version__}:AAFBCkEAAEEBQQFBAUEA")
     version = match["version"]
     if version != hypothesis.__version__:
         raise UsageError(

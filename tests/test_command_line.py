@@ -93,7 +93,8 @@ def usage_results(tmp_path_factory) -> dict[str, dict]:
             args = ["--reproduce-failure", f"{hypothesis.__version__}:AAAA"]
         base = _GOLDEN if "syrupy" in case_id else _QUICK
         cases.append({"id": case_id, "args": [*base, *args], "env": env})
-    completed = _run("-c", _DRIVER, json.dumps(cases), env={"PYTHONPATH": str(folder)})
+    path = os.pathsep.join(p for p in (str(folder), os.environ.get("PYTHONPATH", "")) if p)
+    completed = _run("-c", _DRIVER, json.dumps(cases), env={"PYTHONPATH": path})
     marker = completed.stdout.rfind("RESULTS")
     assert marker >= 0, completed.stdout[-3000:] + completed.stderr[-3000:]
     return json.loads(completed.stdout[marker + len("RESULTS"):])

@@ -17,21 +17,32 @@ from harness.graphs import GraphBackend
 pytest_support.register_hypothesis_profiles()
 
 
-def pytest_addoption(parser: pytest.Parser) -> None:
-    pytest_support.add_options(parser)
+def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
+    pytest_support.add_options(parser, pluginmanager)
 
 
+@pytest.hookimpl(tryfirst=True)  # before hypothesis's plugin loads the profile, so a bad name is one line
 def pytest_configure(config: pytest.Config) -> None:
     pytest_support.configure(config)
 
 
-def pytest_report_header(config: pytest.Config) -> str:
-    from hypothesis import settings
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    pytest_support.apply_reproduce_failure(config, items)
 
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    report = yield
+    pytest_support.annotate_failure(item, report)  # the reproduce line, and how to update a golden
+    return report
+
+
+def pytest_report_header(config: pytest.Config) -> str:
     session = pytest_support.session_of(config)
     return (
         f"harness: device={session.device}, graph backend={session.backend.name}, "
-        f"impls={session.impl_specs or 'reference'}, hypothesis profile={settings._current_profile}, "
+        f"impls={session.impl_specs or 'reference'}, "
+        f"hypothesis profile={pytest_support.current_hypothesis_profile()}, "
         f"torch {torch.__version__}"
     )
 

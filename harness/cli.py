@@ -1,5 +1,6 @@
-"""``python -m harness`` (also ``graph-harness``): selfcheck and benchmarks.
+"""``python -m harness`` (also ``graph-harness``): list, selfcheck and benchmarks.
 
+    python -m harness list [--component C ...]
     python -m harness selfcheck [--component C ...] [--graph-backend B] [--device D] [--jobs N] [--json PATH]
     python -m harness bench runner|gather|tolerance [options; --help lists each benchmark's own]
 """
@@ -11,12 +12,13 @@ import sys
 import time
 from pathlib import Path
 
-from harness import impls
-from harness.devices import DEVICE_CHOICES
+from harness import components, impls
+from harness.devices import DEVICE_CHOICES, resolve_device
 from harness.errors import HarnessError
-from harness.graphs import BACKEND_NAMES
+from harness.graphs import BACKEND_NAMES, get_backend
 
 __all__ = ["main"]
+
 
 def _project_root() -> Path:
     """The checkout holding ``suites/``: the current directory or the one above the package."""
@@ -26,14 +28,47 @@ def _project_root() -> Path:
     raise HarnessError("cannot find the suites/ folder: run this from the root of a harness checkout")
 
 
-def _selfcheck(arguments: argparse.Namespace) -> int:
-    from harness import selfcheck
-
+def _chosen_components(arguments: argparse.Namespace) -> list[str]:
     available = list(impls.components())
     chosen = arguments.component or available
     unknown = [c for c in chosen if c not in available]
     if unknown:
         raise HarnessError(f"unknown component(s) {', '.join(unknown)}; known: {', '.join(available)}")
+    return chosen
+
+
+def _list(arguments: argparse.Namespace) -> int:
+    """Print each component of the table: reference, oracle, suite, doc, and its mutants with their bugs."""
+    for name in _chosen_components(arguments):
+        row = components.get_component(name)
+        print(f"{row.name}: {row.summary}")
+        fields = [("reference", f"{row.reference}  (--impl {row.name}=reference, the default)"),
+                  ("oracle", row.oracle), ("suite", row.suite), ("doc", row.doc)]
+        fields += [("also", f"{target}  (--impl {row.name}={alias})") for alias, target in row.also_registered.items()]
+        for label, value in fields:
+            print(f"  {label:<10} {value}")
+        mutants = impls.mutants(name)
+        print(f"  mutants    {len(mutants)}, each selected by --impl {row.name}=mutant:NAME; the suite must kill every one:")
+        width = max((len(m.name) for m in mutants), default=0)
+        for mutant in mutants:
+            print(f"    {mutant.name.removeprefix('mutant:'):<{width - len('mutant:')}}  {mutant.bug}")
+        print()
+    print("Your own implementation: --impl COMPONENT=package.module:attribute (see each doc for the interface).")
+    return 0
+
+
+def _check_device(arguments: argparse.Namespace) -> None:
+    """Ask for a GPU once, here, rather than in every child process of the matrix."""
+    device = resolve_device(arguments.device)
+    if arguments.graph_backend == "cuda":
+        get_backend("cuda", device=device if device.type == "cuda" else None)
+
+
+def _selfcheck(arguments: argparse.Namespace) -> int:
+    from harness import selfcheck
+
+    chosen = _chosen_components(arguments)
+    _check_device(arguments)
     root = _project_root()
     started = time.perf_counter()
     outcomes = selfcheck.run_selfcheck(components=chosen, graph_backend=arguments.graph_backend,
@@ -57,9 +92,21 @@ def _bench(rest: list[str]) -> int:
     return bench_main(rest)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness", description=__doc__.splitlines()[0])
-    commands = parser.add_subparsers(dest="command", required=True)
+def _invoked_as() -> str:
+    """``graph-harness`` from the console script, ``python -m harness`` otherwise, for usage lines."""
+    name = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else ""
+    return name if name and name not in ("__main__.py", "-c") and not name.startswith("python") else "python -m harness"
+
+
+def main(argv: list[str] | None = None, *, prog: str | None = None) -> int:
+    prog = prog or _invoked_as()
+    parser = argparse.ArgumentParser(
+        prog=prog, description="Correctness harness for LLM-inference graph optimisations: list what can be "
+                               "tested, run the mutant kill matrix, run benchmarks.",
+        epilog=f"'{prog} COMMAND --help' describes each command.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    listing = commands.add_parser("list", help="list the components, their reference, oracle, suite and mutants")
+    listing.add_argument("--component", action="append", help="limit to this component (repeatable)")
     check = commands.add_parser("selfcheck", help="run every mutant against its suites; fail if one survives")
     check.add_argument("--component", action="append", help="limit to this component (repeatable)")
     check.add_argument("--graph-backend", choices=BACKEND_NAMES, default="auto")
@@ -71,9 +118,11 @@ def main(argv: list[str] | None = None) -> int:
                        help="do not rewrite golden/selfcheck/kill_matrix.json (which test killed each mutant)")
     commands.add_parser("bench", help="benchmarks that print a table and write JSON (bench --help)", add_help=False)
     arguments, rest = parser.parse_known_args(argv)
-    if arguments.command == "selfcheck" and rest:
+    if arguments.command != "bench" and rest:
         parser.error(f"unrecognised arguments: {' '.join(rest)}")
     try:
+        if arguments.command == "list":
+            return _list(arguments)
         if arguments.command == "selfcheck":
             return _selfcheck(arguments)
         return _bench(rest)

@@ -14,6 +14,7 @@ import importlib
 from typing import Any
 
 from harness import components as _components
+from harness.candidates import describe_exception
 from harness.errors import ImplementationError, UsageError
 
 __all__ = [
@@ -88,9 +89,39 @@ def parse_impl_option(option: str) -> tuple[str, str]:
     return component.strip(), spec.strip()
 
 
-def validate(component: str, obj: Any, spec: str) -> Any:
-    """Run the component's validator on ``obj``; returns the object in the form the suites call."""
-    return _components.resolve(_row(component).validator)(obj, spec)
+# (component, spec, id(obj)) -> (obj, validated form): a session loads its implementations more than
+# once (at start-up, then in each fixture), and the smoke call need not run again. ``obj`` is kept in
+# the value so that its id cannot be reused by another object.
+_VALIDATED: dict[tuple[str, str, int], tuple[Any, Any]] = {}
+
+
+def validate(component: str, obj: Any, spec: str, *, smoke: bool = True) -> Any:
+    """Run the component's validator on ``obj`` (signature, then, with ``smoke``, a smoke call on a
+    tiny case); returns the object in the form the suites call."""
+    key = (component, spec, id(obj))
+    if key not in _VALIDATED:
+        _VALIDATED[key] = (obj, _components.resolve(_row(component).validator)(obj, spec, smoke=smoke))
+    return _VALIDATED[key][1]
+
+
+def _import_user_module(component: str, spec: str, module_name: str) -> Any:
+    """Import the module a spec names; any failure is one :class:`ImplementationError` line."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        if error.name and (module_name == error.name or module_name.startswith(error.name + ".")):  # the module itself, or a package above it
+            raise ImplementationError(
+                f"--impl {component}={spec}: module {module_name!r} cannot be imported ({error}). "
+                "Is the package installed in this environment, or its folder on PYTHONPATH?"
+            ) from None
+        raise ImplementationError(
+            f"--impl {component}={spec}: importing {module_name!r} failed: it imports {error.name!r}, "
+            "which is not installed in this environment"
+        ) from None
+    except Exception as error:  # noqa: BLE001 - a syntax error or an exception raised by the module's own code
+        raise ImplementationError(
+            f"--impl {component}={spec}: importing {module_name!r} failed: {describe_exception(error)}"
+        ) from None
 
 
 def load(component: str, spec: str = "reference") -> Implementation:
@@ -104,16 +135,11 @@ def load(component: str, spec: str = "reference") -> Implementation:
                 f"'package.module:attribute'. Registered for {component}: {', '.join(sorted(registered))}"
             )
         impl = registered[spec]
-        return dataclasses.replace(impl, obj=validate(component, impl.obj, impl.spec))
+        # No smoke call for what the harness registers: a mutant may be too broken to build at all,
+        # and that is for its suites to find (the kill matrix), not a usage error.
+        return dataclasses.replace(impl, obj=validate(component, impl.obj, impl.spec, smoke=False))
     module_name, _, attribute_path = spec.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as error:
-        raise ImplementationError(
-            f"--impl {component}={spec}: module {module_name!r} cannot be imported ({error}). "
-            "Is the package installed in this environment, or its folder on PYTHONPATH?"
-        ) from None
-    obj: Any = module
+    obj: Any = _import_user_module(component, spec, module_name)
     for part in attribute_path.split("."):
         try:
             obj = getattr(obj, part)

@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shlex
 from typing import Any, Callable
 
+import hypothesis
 import pytest
 import torch
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
+from hypothesis.errors import InvalidArgument
 
 from harness import components, impls
 from harness.devices import DEVICE_CHOICES, resolve_device
@@ -30,7 +33,13 @@ __all__ = [
     "selected_implementation",
     "implementation_fixtures",
     "reproduce_command",
+    "failure_context",
+    "annotate_failure",
+    "apply_reproduce_failure",
     "register_hypothesis_profiles",
+    "HYPOTHESIS_PROFILES",
+    "current_hypothesis_profile",
+    "SYRUPY_MISSING",
 ]
 
 
@@ -50,7 +59,11 @@ def session_of(config: pytest.Config) -> HarnessSession:
     return config.stash[SESSION_KEY]
 
 
-def add_options(parser: pytest.Parser) -> None:
+SYRUPY_MISSING = ("golden tests need syrupy, which is not installed in this environment: "
+                  "pip install 'syrupy>=4.6' (or reinstall the harness: pip install -e .)")
+
+
+def add_options(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager | None = None) -> None:
     group = parser.getgroup("harness", "LLM graph-optimisation harness")
     group.addoption("--device", choices=DEVICE_CHOICES, default="auto",
                     help="device for tensors and models (auto: cuda when present)")
@@ -58,6 +71,16 @@ def add_options(parser: pytest.Parser) -> None:
                     help="graph backend (auto: cuda on a CUDA device, else emulated)")
     group.addoption("--impl", action="append", default=[], metavar="COMPONENT=SPEC",
                     help="implementation under test, e.g. gather=mypkg.kernels:gather or graphs=mutant:skip-break")
+    group.addoption("--reproduce-failure", metavar="VERSION:BLOB", default=None,
+                    help="replay one falsifying example of the one selected hypothesis test, as hypothesis's "
+                         "@reproduce_failure(VERSION, BLOB) would; the reproduce line of a failure gives it")
+    if pluginmanager is not None and not pluginmanager.has_plugin("syrupy"):
+        # Without syrupy its option would be "unrecognized": accept it, and say what is missing.
+        group.addoption("--snapshot-update", action="store_true", help="(needs syrupy, which is not installed)")
+
+
+# The profiles the harness registers (hypothesis adds "default"); README.md says what each is for.
+HYPOTHESIS_PROFILES = ("dev", "ci", "selfcheck", "nightly")
 
 
 def register_hypothesis_profiles() -> None:
@@ -74,8 +97,95 @@ def register_hypothesis_profiles() -> None:
         "nightly", max_examples=400,
         database=DirectoryBasedExampleDatabase(os.path.join(".hypothesis", "nightly")), **common,
     )
-    # An explicit --hypothesis-profile wins; it is applied by hypothesis' own plugin after this.
-    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev"))
+    # An explicit --hypothesis-profile wins; it is applied by hypothesis' own plugin after this. An
+    # unknown name is not loaded here (at conftest import it would be a traceback): configure()
+    # reports it as a usage error.
+    name = os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev")
+    settings.load_profile(name if _is_registered_profile(name) else "dev")
+
+
+def _is_registered_profile(name: str) -> bool:
+    try:
+        settings.get_profile(name)
+    except InvalidArgument:
+        return False
+    return True
+
+
+def current_hypothesis_profile() -> str:
+    """The name of the hypothesis profile in force."""
+    getter = getattr(settings, "get_current_profile_name", None)  # public since hypothesis 6.11x
+    return getter() if getter else settings._current_profile  # noqa: SLF001 - older hypothesis only
+
+
+def _check_hypothesis_profile(config: pytest.Config) -> None:
+    """An unknown profile name is a usage error naming where it came from and the known names."""
+    for source, name in (("--hypothesis-profile", config.getoption("hypothesis_profile", None)),
+                         ("HYPOTHESIS_PROFILE", os.environ.get("HYPOTHESIS_PROFILE"))):
+        if name and not _is_registered_profile(name):
+            raise UsageError(f"unknown hypothesis profile {name!r} (from {source}); "
+                             f"the harness registers: {', '.join(HYPOTHESIS_PROFILES)}")
+        if name:
+            return  # the option wins over the variable
+
+
+_REPLAY_FORMAT = re.compile(r"^(?P<version>[0-9][0-9A-Za-z.+-]*):(?P<blob>[A-Za-z0-9+/=_-]+)$")
+
+
+def _parse_reproduce_failure(value: str) -> tuple[str, bytes]:
+    match = _REPLAY_FORMAT.match(value.strip())
+    if match is None:
+        raise UsageError(f"--reproduce-failure {value!r}: expected VERSION:BLOB as a failure's reproduce line "
+                         f"gives it, for example {hypothesis.__version__}:AAFBCkEAAEEBQQFBAUEA")
+    version = match["version"]
+    if version != hypothesis.__version__:
+        raise UsageError(
+            f"--reproduce-failure: the example was recorded with hypothesis {version}, this is "
+            f"{hypothesis.__version__}; install hypothesis=={version}, or drop --reproduce-failure to search "
+            "again under the same profile and seed (slower: it generates and shrinks anew)")
+    return version, match["blob"].encode()
+
+
+def _given_replay(config: pytest.Config) -> tuple[str, str] | None:
+    """The ``--reproduce-failure`` of this session: a replay reports no new blob, so carry this one."""
+    value = config.getoption("--reproduce-failure", None)
+    if not value:
+        return None
+    version, _, blob = value.strip().partition(":")
+    return version, blob
+
+
+def apply_reproduce_failure(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Put ``@reproduce_failure`` on the one selected test (``--reproduce-failure``).
+
+    A ``@given`` test gets the decorator itself; a test that runs a hypothesis state machine gets
+    it on the :class:`~hypothesis.stateful.RuleBasedStateMachine` classes of its module (the
+    blob of a stateful failure belongs to the machine).
+    """
+    value = config.getoption("--reproduce-failure")
+    if not value:
+        return
+    version, blob = _parse_reproduce_failure(value)
+    if len(items) != 1:
+        raise pytest.UsageError(f"--reproduce-failure replays one test's example, but {len(items)} tests are "
+                                "selected: give the one test id of the reproduce line")
+    from hypothesis import is_hypothesis_test, reproduce_failure
+    from hypothesis.stateful import RuleBasedStateMachine
+
+    item = items[0]
+    function = getattr(getattr(item, "obj", None), "__func__", getattr(item, "obj", None))
+    if function is not None and is_hypothesis_test(function):
+        reproduce_failure(version, blob)(function)
+        return
+    module = getattr(item, "module", None)
+    machines = [value for value in vars(module).values()
+                if isinstance(value, type) and issubclass(value, RuleBasedStateMachine)
+                and value.__module__ == module.__name__] if module is not None else []
+    if not machines:
+        raise pytest.UsageError(f"--reproduce-failure: {item.nodeid} is not a hypothesis test (no @given and no "
+                                "state machine in its module)")
+    for machine in machines:
+        reproduce_failure(version, blob)(machine)
 
 
 def _set_up_xdist_worker() -> None:
@@ -106,6 +216,13 @@ def configure(config: pytest.Config) -> None:
     """Validate options once, so a bad one is a usage error and not a failure in every test."""
     _set_up_xdist_worker()
     try:
+        _check_hypothesis_profile(config)
+        if config.getoption("--reproduce-failure"):
+            _parse_reproduce_failure(config.getoption("--reproduce-failure"))
+        if not config.pluginmanager.has_plugin("syrupy"):
+            if config.getoption("--snapshot-update", False):
+                raise UsageError(f"--snapshot-update: {SYRUPY_MISSING}")
+            config.pluginmanager.register(_SyrupyMissing(), "harness-syrupy-missing")
         device = resolve_device(config.getoption("--device"))
         backend = resolve_backend(config.getoption("--graph-backend"), device)
         selected: dict[str, str] = {}
@@ -140,22 +257,88 @@ def implementation_fixtures() -> dict[str, Callable[..., Any]]:
     return {row.fixture: _implementation_fixture(row) for row in components.COMPONENTS}
 
 
-def reproduce_command(request: pytest.FixtureRequest) -> str:
-    """The command line that reruns this test with the same device, backend and implementations."""
-    session = session_of(request.config)
-    parts = ["pytest", request.node.nodeid, "--device", session.device.type, "--graph-backend", session.backend.name]
+class _SyrupyMissing:
+    """Stands in for syrupy's plugin when it is not installed: the root conftest's ``snapshot``
+    fixture builds on a ``snapshot`` fixture, and without one pytest reports a recursive dependency."""
+
+    @pytest.fixture
+    def snapshot(self) -> None:
+        pytest.fail(SYRUPY_MISSING, pytrace=False)
+
+
+def reproduce_command(config: pytest.Config, nodeid: str, *, replay: tuple[str, str] | None = None,
+                      seed: str | None = None) -> str:
+    """The command line that reruns test ``nodeid`` as this session ran it, from any directory.
+
+    It names the test by absolute path with ``--rootdir`` (so the root conftest and the pytest
+    options of the project apply wherever it is run), the device, backend and implementations, the
+    hypothesis profile, and, for a hypothesis failure, ``--reproduce-failure VERSION:BLOB`` (replays
+    the falsifying example without the local example database, no search, no shrinking) or the
+    ``--hypothesis-seed`` that found it.
+    """
+    session = session_of(config)
+    root = config.rootpath
+    path, sep, rest = nodeid.partition("::")
+    parts = ["pytest", f"{root / path}{sep}{rest}", "--rootdir", str(root),
+             "--device", session.device.type, "--graph-backend", session.backend.name]
     for component, spec in session.impl_specs.items():
         parts += ["--impl", f"{component}={spec}"]
+    parts += ["--hypothesis-profile", current_hypothesis_profile()]
+    seed = seed if seed is not None else config.getoption("hypothesis_seed", None)
+    if seed is not None:
+        parts += ["--hypothesis-seed", str(seed)]
+    replay = replay or _given_replay(config)
+    if replay is not None:
+        parts += ["--reproduce-failure", f"{replay[0]}:{replay[1]}"]
     return shlex.join(parts)
 
 
 def failure_context(request: pytest.FixtureRequest, /, **details: Any) -> dict[str, Any]:
-    """Context for :func:`harness.compare.assert_equivalent` failure messages."""
+    """Context for :func:`harness.compare.assert_equivalent` failure messages: implementations,
+    backend and ``details`` (seed, shapes, ...); the report adds the command that reproduces it."""
     session = session_of(request.config)
     context: dict[str, Any] = {
         "implementations": dict(session.impl_specs) or "reference",
         "backend": session.backend.name,
     }
     context.update(details)
-    context["reproduce"] = reproduce_command(request)
+    # No command here: it is written once, complete, in the "reproduce" section that annotate_failure
+    # adds to every failed test's report, where hypothesis's falsifying example is known.
     return context
+
+
+_BLOB = re.compile(r"@reproduce_failure\('(?P<version>[^']+)', b'(?P<blob>[^']+)'\)")
+_SEED = re.compile(r"--hypothesis-seed=(?P<seed>-?\d+)")
+
+
+def _is_golden_mismatch(report: pytest.TestReport) -> bool:
+    """Whether the failure is syrupy's (``assert [+ received] == [- snapshot]``, or a missing snapshot)."""
+    crash = getattr(report.longrepr, "reprcrash", None)
+    message = getattr(crash, "message", "") or ""
+    return message.startswith("assert") and re.search(r"\bsnapshot\b", message, re.IGNORECASE) is not None
+
+
+def annotate_failure(item: pytest.Item, report: pytest.TestReport) -> None:
+    """Add to a failed test's report the line that reproduces it and, for a golden, how to update it.
+
+    Called from ``pytest_runtest_makereport`` once the report exists, so hypothesis's falsifying
+    example (printed as ``@reproduce_failure`` with ``print_blob``) is known.
+    """
+    if not report.failed or SESSION_KEY not in item.config.stash:
+        return
+    text = str(report.longrepr)
+    blob, seed = _BLOB.search(text), _SEED.search(text)
+    command = reproduce_command(item.config, item.nodeid, seed=seed["seed"] if seed else None,
+                                replay=(blob["version"], blob["blob"]) if blob else None)
+    sections = [("reproduce", command)]
+    if report.when == "call" and "snapshot" in getattr(item, "fixturenames", ()) and _is_golden_mismatch(report):
+        update = reproduce_command(item.config, item.nodeid)
+        sections.append(("golden", "the output does not match its golden file under golden/. If the change is "
+                                   f"intended, rewrite the golden with\n  {update} --snapshot-update\n"
+                                   "then review `git diff golden/` and commit the golden with the change; "
+                                   "if not, the implementation changed behaviour."))
+    for title, content in sections:
+        if hasattr(report.longrepr, "addsection"):
+            report.longrepr.addsection(title, content)
+        else:
+            report.sections.append((title, content))

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,30 +15,110 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    environment = {**os.environ, **(env or {})}
+    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env=environment)
 
 
-@pytest.mark.parametrize(
-    ("options", "pattern"),
-    [
-        (["--impl", "gather"], "bad --impl 'gather'"),
-        (["--impl", "graphs=missing_pkg.mod:fn"], "cannot be imported"),
-        (["--impl", "graphs=mutant:nope"], "no registered implementation"),
-    ],
-)
-def test_bad_pytest_options_are_usage_errors(options, pattern):
-    completed = _run("-m", "pytest", "suites/graphs", "-q", "-p", "no:cacheprovider", *options)
-    assert completed.returncode == 4, completed.stdout + completed.stderr
-    assert pattern in completed.stderr and "Traceback" not in completed.stderr
+# Runs several pytest sessions in one child process (pytest.main each), so that the bad-input cases
+# below share one interpreter start and one torch import. The first case runs first in a fresh
+# interpreter, so a bad HYPOTHESIS_PROFILE is also seen where it used to break: at conftest import.
+_DRIVER = """
+import contextlib, io, json, os, sys
+import pytest
+
+results = {}
+for case in json.loads(sys.argv[1]):
+    saved = dict(os.environ)
+    os.environ.update(case["env"])
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = int(pytest.main(case["args"]))
+    os.environ.clear()
+    os.environ.update(saved)
+    results[case["id"]] = {"rc": code, "out": out.getvalue(), "err": err.getvalue()}
+print("RESULTS" + json.dumps(results))
+"""
+
+_USER_MODULES = {
+    "issue12_cli_syntax.py": "def broken(:\n    pass\n",
+    "issue12_cli_raises.py": "raise ImportError('libengine.so: cannot open shared object file')\n",
+    "issue12_cli_shapes.py": "class NotACapturer:\n    pass\n\n\ndef runner_without_buckets(model, *, graphs):\n    return None\n",
+}
+_QUICK = ["suites/graphs/test_breaks.py", "-q", "-p", "no:cacheprovider"]
+_GOLDEN = ["suites/runner/test_goldens.py", "-q", "-p", "no:cacheprovider", "-p", "no:syrupy",
+           "-k", "test_capture_plan and dense"]
+# id -> (pytest arguments, environment, expected exit status, pattern of the one error line)
+_USAGE_CASES = {
+    "unknown-profile-variable": ([], {"HYPOTHESIS_PROFILE": "nonsense"}, 4,
+                                 r"unknown hypothesis profile 'nonsense' \(from HYPOTHESIS_PROFILE\)"),
+    "unknown-profile-option": (["--hypothesis-profile", "nonsense"], {}, 4,
+                               r"unknown hypothesis profile 'nonsense' \(from --hypothesis-profile\); "
+                               "the harness registers: dev, ci"),
+    "malformed-impl": (["--impl", "gather"], {}, 4, "bad --impl 'gather'"),
+    "missing-module": (["--impl", "graphs=missing_pkg.mod:fn"], {}, 4, "cannot be imported"),
+    "unknown-mutant": (["--impl", "graphs=mutant:nope"], {}, 4, "no registered implementation"),
+    "syntax-error": (["--impl", "graphs=issue12_cli_syntax:X"], {}, 4,
+                     r"SyntaxError: invalid syntax \(at issue12_cli_syntax.py:1\)"),
+    "raises-on-import": (["--impl", "graphs=issue12_cli_raises:X"], {}, 4,
+                         r"ImportError: libengine.so: .* \(at issue12_cli_raises.py:1\)"),
+    "not-a-capturer": (["--impl", "graphs=issue12_cli_shapes:NotACapturer"], {}, 4,
+                       r"NotACapturer\(\) cannot be called as factory\(backend\)"),
+    "runner-without-buckets": (["--impl", "runner=issue12_cli_shapes:runner_without_buckets"], {}, 4,
+                               r"cannot be called as factory\(model, \*, buckets, graphs, strict_discovery=False\)"),
+    "blob-other-version": (["--reproduce-failure", "0.0.1:AAAA"], {}, 4,
+                           r"recorded with hypothesis 0.0.1, this is .*drop --reproduce-failure"),
+    "blob-malformed": (["--reproduce-failure", "not a blob"], {}, 4, r"expected VERSION:BLOB"),
+    "blob-several-tests": (["--reproduce-failure", "1.0:AAAA"], {}, 4, r"one test's example, but \d+ tests"),
+    "snapshot-update-without-syrupy": (["--snapshot-update"], {}, 4,
+                                       r"--snapshot-update: golden tests need syrupy.*pip install 'syrupy>=4.6'"),
+    "golden-without-syrupy": ([], {}, 1, None),
+}
+if not torch.cuda.is_available():  # asking for a GPU is only an error where there is none
+    _USAGE_CASES["device-cuda"] = (["--device", "cuda"], {}, 4, "--device cuda was requested but .* sees no CUDA device")
+    _USAGE_CASES["graph-backend-cuda"] = (["--graph-backend", "cuda"], {}, 4, "--graph-backend cuda was requested but torch sees no CUDA device")
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="asking for a GPU is only an error where there is none")
-@pytest.mark.parametrize("options", [["--device", "cuda"], ["--graph-backend", "cuda"]])
-def test_gpu_requested_without_gpu_is_a_usage_error(options):
-    completed = _run("-m", "pytest", "suites/graphs", "-q", "-p", "no:cacheprovider", *options)
-    assert completed.returncode == 4
-    assert "sees no CUDA device" in completed.stderr and "Traceback" not in completed.stderr
+@pytest.fixture(scope="module")
+def usage_results(tmp_path_factory) -> dict[str, dict]:
+    import hypothesis
+
+    folder = tmp_path_factory.mktemp("user_modules")
+    for name, text in _USER_MODULES.items():
+        (folder / name).write_text(text)
+    cases = []
+    for case_id, (args, env, _, _) in _USAGE_CASES.items():
+        if case_id == "blob-several-tests":
+            args = ["--reproduce-failure", f"{hypothesis.__version__}:AAAA"]
+        base = _GOLDEN if "syrupy" in case_id else _QUICK
+        cases.append({"id": case_id, "args": [*base, *args], "env": env})
+    path = os.pathsep.join(p for p in (str(folder), os.environ.get("PYTHONPATH", "")) if p)
+    completed = _run("-c", _DRIVER, json.dumps(cases), env={"PYTHONPATH": path})
+    marker = completed.stdout.rfind("RESULTS")
+    assert marker >= 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    return json.loads(completed.stdout[marker + len("RESULTS"):])
+
+
+@pytest.mark.parametrize("case_id", [c for c in _USAGE_CASES if _USAGE_CASES[c][3] is not None])
+def test_bad_input_is_one_line_with_the_usage_error_status(usage_results, case_id):
+    """Exit 4 (pytest's usage error) and one ERROR line naming the problem, no traceback."""
+    _, _, status, pattern = _USAGE_CASES[case_id]
+    result = usage_results[case_id]
+    output = result["out"] + result["err"]
+    assert result["rc"] == status, output
+    errors = [line for line in result["err"].splitlines() if line.strip()]
+    assert len(errors) == 1 and re.search(pattern, errors[0]), output
+    assert "Traceback" not in output and "INTERNALERROR" not in output
+
+
+def test_golden_test_without_syrupy_names_it_and_the_install_command(usage_results):
+    """Without syrupy (its plugin blocked here) a golden test errors saying so, instead of
+    "recursive dependency involving fixture 'snapshot'"."""
+    result = usage_results["golden-without-syrupy"]
+    assert result["rc"] == 1 and "recursive dependency" not in result["out"], result["out"]
+    assert re.search(r"^golden tests need syrupy, which is not installed .*pip install 'syrupy>=4.6'",
+                     result["out"], re.MULTILINE), result["out"]
 
 
 @pytest.mark.parametrize(
@@ -45,10 +128,77 @@ def test_gpu_requested_without_gpu_is_a_usage_error(options):
         (["selfcheck", "--component", "nothing"], "unknown component(s) nothing"),
     ],
 )
-def test_cli_errors_are_one_line(arguments, pattern):
-    completed = _run("-m", "harness", *arguments)
-    assert completed.returncode == 2
-    assert pattern in completed.stderr and "Traceback" not in completed.stderr
+def test_cli_errors_are_one_line(capsys, arguments, pattern):
+    from harness import cli
+
+    assert cli.main(arguments) == 2
+    err = capsys.readouterr().err.strip()
+    assert pattern in err and "\n" not in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="asking for a GPU is only an error where there is none")
+@pytest.mark.parametrize(("options", "pattern"), [(["--device", "cuda"], "--device cuda was requested"),
+                                                  (["--graph-backend", "cuda"], "graph backend 'cuda' was requested")])
+def test_selfcheck_without_gpu_stops_before_any_child_process(monkeypatch, capsys, options, pattern):
+    from harness import cli, selfcheck
+
+    def started(**_):
+        raise AssertionError("selfcheck started its pytest processes")
+
+    monkeypatch.setattr(selfcheck, "run_selfcheck", started)
+    assert cli.main(["selfcheck", *options]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and pattern in err and "\n" not in err
+
+
+def test_bench_help_reaches_the_benchmark(capsys):
+    from harness import cli
+
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["bench", "gather", "--help"])
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    assert "--counts" in out and "--hidden-size" in out, out  # the gather benchmark's own options
+    assert cli.main(["bench", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "gather" in out and "runner" in out and "bench NAME --help" in out
+
+
+@pytest.mark.parametrize(("argv0", "prog"), [("/venv/bin/graph-harness", "graph-harness"),
+                                             (str(ROOT / "harness" / "__main__.py"), "python -m harness")])
+def test_help_names_the_program_as_invoked(monkeypatch, capsys, argv0, prog):
+    from harness import cli
+
+    monkeypatch.setattr(sys, "argv", [argv0, "--help"])
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: {prog} ") and "``" not in out and f"'{prog} COMMAND --help'" in out
+
+
+def test_list_shows_every_component_with_reference_oracle_and_mutants(capsys):
+    from harness import cli, components, impls
+
+    assert cli.main(["list"]) == 0
+    out = capsys.readouterr().out
+    for row in components.COMPONENTS:
+        assert f"{row.name}: {row.summary}" in out
+        for target in (row.reference, row.oracle, row.suite, row.doc):
+            assert target in out
+        for mutant in impls.mutants(row.name):
+            assert re.search(rf"^    {re.escape(mutant.name.removeprefix('mutant:'))} +{re.escape(mutant.bug)}$",
+                             out, re.MULTILINE), mutant.name
+    assert cli.main(["list", "--component", "nothing"]) == 2
+
+
+def test_every_declared_marker_is_used():
+    """A marker means what it says only if tests carry it: none may be declared and unused."""
+    block = re.search(r"^markers = \[(.*?)^\]", (ROOT / "pyproject.toml").read_text(), re.MULTILINE | re.DOTALL)
+    declared = re.findall(r'^\s*"([\w-]+):', block[1], re.MULTILINE)
+    assert declared, "no markers read from pyproject.toml"
+    sources = "".join(path.read_text() for folder in ("suites", "tests") for path in (ROOT / folder).rglob("*.py"))
+    unused = [name for name in declared if f"mark.{name}" not in sources]
+    assert not unused, f"markers declared in pyproject.toml but used by no test: {unused}"
 
 
 def test_selfcheck_reports_a_surviving_mutant(monkeypatch):

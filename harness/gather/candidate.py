@@ -8,9 +8,9 @@ mapping ``{"with_hidden": int, "without_hidden": int}``; the launch suite then a
 
 from __future__ import annotations
 
-import inspect
 from typing import Any, Callable, Mapping, Optional
 
+from harness.candidates import check_signature, require_callable
 from harness.errors import ImplementationError
 
 __all__ = ["PROMISE_ATTRIBUTE", "validate_gather", "promised_launches"]
@@ -18,10 +18,6 @@ __all__ = ["PROMISE_ATTRIBUTE", "validate_gather", "promised_launches"]
 PROMISE_ATTRIBUTE = "promised_kernel_launches"
 _SIGNATURE = "gather(indices, topk_p_buf, topk_index_buf, output_tokens_buf, hidden_states_buf)"
 _PROMISE_KEYS = ("with_hidden", "without_hidden")
-
-
-def _describe(candidate: Any) -> str:
-    return getattr(candidate, "__qualname__", None) or type(candidate).__name__
 
 
 def _parse_promise(promise: Any, spec: str) -> Optional[dict[str, int]]:
@@ -40,22 +36,15 @@ def _parse_promise(promise: Any, spec: str) -> Optional[dict[str, int]]:
     return values
 
 
-def validate_gather(candidate: Any, spec: str) -> Callable[..., Any]:
-    """Return ``candidate`` if it can be called as a gather, else raise :class:`ImplementationError`."""
-    if not callable(candidate):
-        raise ImplementationError(
-            f"--impl {spec}: expected a callable {_SIGNATURE}, got a {type(candidate).__name__}")
-    try:
-        signature = inspect.signature(candidate)
-    except (TypeError, ValueError):
-        signature = None  # a builtin or extension function without a signature: it is checked when called
-    if signature is not None:
-        try:
-            signature.bind(*range(5))
-        except TypeError as error:
-            raise ImplementationError(
-                f"--impl {spec}: {_describe(candidate)}{signature} cannot be called as {_SIGNATURE} "
-                f"with 5 positional arguments ({error})") from None
+def validate_gather(candidate: Any, spec: str, *, smoke: bool = True) -> Callable[..., Any]:
+    """Return ``candidate`` if it can be called as a gather, else raise :class:`ImplementationError`.
+
+    The check is the signature and the launch promise; ``smoke`` is accepted for the validator
+    contract but no call is made: a gather is typically ``torch.compile``d, and a first call at
+    load time would compile (seconds, and a C++ toolchain on the CPU) at shapes the suites never use.
+    """
+    require_callable(candidate, spec, f"a callable {_SIGNATURE}")
+    check_signature(candidate, spec, f"{_SIGNATURE} with 5 positional arguments", *range(5))
     _parse_promise(getattr(candidate, PROMISE_ATTRIBUTE, None), spec)
     return candidate
 

@@ -3,22 +3,56 @@
 A candidate is a class or factory ``factory(backend)`` returning a capturer: an object with
 ``capture(fn, *, pool=None, warmup_runs=1)`` (returning a graph with ``replay()``, ``output``,
 ``segment_count``, ``break_count`` and ``break_names``) and ``new_pool()``.
+
+The check is the signature, then a smoke call on the emulated backend: build a capturer, capture a
+two-segment program with one break, replay it once. Only the interface is checked, never the
+values (mutants are wrong on purpose and must load), so it costs a few milliseconds.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from harness.errors import ImplementationError
+import torch
+
+from harness.candidates import check_signature, describe, require_callable, require_members, smoke_step
+from harness.graphs._breakable import eager_on_graph
 
 __all__ = ["validate_capturer_factory"]
 
+_FACTORY = "factory(backend)"
+_CAPTURE = "capture(fn, *, pool=None, warmup_runs=1)"
+GRAPH_MEMBERS = ("output", "segment_count", "break_count", "break_names")
 
-def validate_capturer_factory(candidate: Any, spec: str) -> Any:
-    """Return ``candidate`` if it can be a capturer factory, else raise :class:`ImplementationError`."""
-    if not callable(candidate):
-        raise ImplementationError(
-            f"--impl {spec}: expected a class or factory taking a graph backend and returning an object with "
-            f"capture(fn, *, pool=None) and new_pool(); got {type(candidate).__name__}"
-        )
+
+@eager_on_graph
+def _smoke_break(hidden: torch.Tensor) -> torch.Tensor:
+    return hidden + 1
+
+
+def validate_capturer_factory(candidate: Any, spec: str, *, smoke: bool = True) -> Any:
+    """Return ``candidate`` if it behaves as a capturer factory, else raise
+    :class:`~harness.errors.ImplementationError` saying, in one line, what is wrong."""
+    from harness.graphs import get_backend  # the package imports this module's siblings first
+
+    require_callable(candidate, spec, f"a class or factory {_FACTORY} returning an object with "
+                                      f"{_CAPTURE} and new_pool()")
+    backend = get_backend("emulated")
+    check_signature(candidate, spec, _FACTORY, backend)
+    if not smoke:
+        return candidate
+    name = describe(candidate)
+    capturer = smoke_step(spec, f"{name}(backend)", lambda: candidate(backend))
+    require_members(capturer, spec, f"{name}(backend)", (), callables=("capture", "new_pool"))
+    check_signature(capturer.capture, spec, _CAPTURE, lambda: None, pool=None, warmup_runs=1)
+    pool = smoke_step(spec, f"{name}(backend).new_pool()", capturer.new_pool)
+    static = torch.arange(4, dtype=torch.float32)
+
+    def program() -> torch.Tensor:
+        return _smoke_break(static * 2) * 3
+
+    graph = smoke_step(spec, f"{name}(backend).capture(fn, pool=pool, warmup_runs=1)",
+                       lambda: capturer.capture(program, pool=pool, warmup_runs=1))
+    require_members(graph, spec, "the graph capture() returned", GRAPH_MEMBERS, callables=("replay",))
+    smoke_step(spec, "graph.replay()", graph.replay)
     return candidate

@@ -2,22 +2,52 @@
 
 A candidate is a class or factory called as ``factory(model, *, buckets, graphs,
 strict_discovery=False)`` that returns a runner; ``docs/runner.md`` gives the runner interface.
+
+The check is the signature, then a smoke call: a one-layer dense zoo model on the CPU, the
+reference capturer on the emulated backend, one bucket, one ``run`` of a three-token request.
+Only the interface is checked, never the values (mutants are wrong on purpose and must load).
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
-from harness.errors import ImplementationError
+from harness.candidates import check_signature, describe, require_callable, require_members, smoke_step
 
-__all__ = ["validate_runner_factory"]
+__all__ = ["validate_runner_factory", "RUNNER_MEMBERS", "RUNNER_METHODS"]
+
+_FACTORY = "factory(model, *, buckets, graphs, strict_discovery=False)"
+# The runner interface of docs/runner.md.
+RUNNER_MEMBERS = ("discovery", "buckets", "stats")
+RUNNER_METHODS = ("bucket_for", "can_run", "run", "replay", "capture_plan")
+_SMOKE_BUCKETS = (4,)
+_SMOKE_LENGTHS = [3]
 
 
-def validate_runner_factory(candidate: Any, spec: str) -> Any:
-    """Return ``candidate`` if it can be a runner factory, else raise :class:`ImplementationError`."""
-    if not callable(candidate):
-        raise ImplementationError(
-            f"--impl {spec}: expected a class or factory called as factory(model, *, buckets, graphs, "
-            f"strict_discovery=False) that returns a runner (see docs/runner.md); got {type(candidate).__name__}"
-        )
+def validate_runner_factory(candidate: Any, spec: str, *, smoke: bool = True) -> Any:
+    """Return ``candidate`` if it behaves as a runner factory, else raise
+    :class:`~harness.errors.ImplementationError` saying, in one line, what is wrong."""
+    from harness.batch import ForwardBatch
+    from harness.graphs import GraphCapturer, get_backend
+    from harness.models import ModelConfig, build_model
+
+    require_callable(candidate, spec, f"a class or factory called as {_FACTORY} that returns a runner "
+                                      "(see docs/runner.md)")
+    check_signature(candidate, spec, _FACTORY, object(), buckets=_SMOKE_BUCKETS, graphs=object(),
+                    strict_discovery=False)
+    if not smoke:
+        return candidate
+    config = ModelConfig(num_layers=1)
+    model = build_model("dense", seed=0, config=config)
+    graphs = GraphCapturer(get_backend("emulated"))
+    name = describe(candidate)
+    call = f"{name}(dense model, buckets={_SMOKE_BUCKETS}, graphs=<emulated capturer>)"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a discovery warning is the suites' business
+        runner = smoke_step(spec, call, lambda: candidate(model, buckets=_SMOKE_BUCKETS, graphs=graphs,
+                                                          strict_discovery=False))
+    require_members(runner, spec, f"the object {name}(...) returned", RUNNER_MEMBERS, callables=RUNNER_METHODS)
+    batch = ForwardBatch.from_lengths(_SMOKE_LENGTHS, vocab_size=config.vocab_size, seed=0)
+    smoke_step(spec, f"runner.run(one request of {_SMOKE_LENGTHS[0]} tokens)", lambda: runner.run(batch))
     return candidate

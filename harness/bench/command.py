@@ -61,12 +61,15 @@ def _shared_options() -> argparse.ArgumentParser:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m harness bench",
-                                     description="benchmarks that print a table and write JSON")
+                                     description="benchmarks that print a table and write JSON; "
+                                                 "'python -m harness bench NAME --help' lists the options of one")
     commands = parser.add_subparsers(dest="benchmark", required=True, metavar="{" + ",".join(BENCHMARKS) + "}")
     shared = _shared_options()
     for name, module_name in BENCHMARKS.items():
         module = importlib.import_module(module_name)
-        sub = commands.add_parser(name, parents=[shared], help=module.DESCRIPTION, description=module.__doc__,
+        # Help text is shown in a terminal: the docstrings' reStructuredText backquotes stay out of it.
+        sub = commands.add_parser(name, parents=[shared], help=module.DESCRIPTION.replace("``", ""),
+                                  description=module.__doc__.replace("``", ""),
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
         module.add_options(sub.add_argument_group(f"options of bench {name}"))
     return parser

@@ -219,3 +219,41 @@ class RestoresABoundMethod(LayerStackRunner):
             yield
         finally:
             layer.forward = original
+
+
+# -- decode with a paged KV cache (suites/runner/test_decode.py) ---------------------------------
+
+
+@MUTANTS.add("replays-twice", bug="replays the graph twice per call (a warm-up replay left in): the attention "
+                    "breaks write the KV cache twice")
+class ReplaysTwice(LayerStackRunner):
+    @contextlib.contextmanager
+    def patched_forward(self, replacement: Callable[..., Any]) -> Iterator[None]:
+        def twice(*args: Any, **kwargs: Any) -> Any:
+            replacement(*args, **kwargs)
+            return replacement(*args, **kwargs)
+
+        with super().patched_forward(twice):
+            yield
+
+
+@MUTANTS.add("pads-into-live-slots", bug="pads the slot mapping with slot 0 instead of the padding slot: the padded "
+                    "tail writes into a live request's KV-cache slot")
+class PadsIntoLiveSlots(LayerStackRunner):
+    def pad(self, batch: ForwardBatch, bucket: int) -> ForwardBatch:
+        padded = batch.padded_to(bucket)
+        if padded.kv is None:
+            return padded
+        slots = padded.kv.slot_mapping.clamp(min=0)  # PAD_SLOT (-1) becomes slot 0
+        return dataclasses.replace(padded, kv=dataclasses.replace(padded.kv, slot_mapping=slots))
+
+
+@MUTANTS.add("stale-slot-mapping", bug="copies the slot mapping into a per-bucket static buffer at the first replay "
+                    "only: later steps write their keys and values into the first step's slots")
+class StaleSlotMapping(LayerStackRunner):
+    def pad(self, batch: ForwardBatch, bucket: int) -> ForwardBatch:
+        padded = batch.padded_to(bucket)
+        if padded.kv is None:
+            return padded
+        first = vars(self).setdefault("_first_slot_mapping", {}).setdefault(bucket, padded.kv.slot_mapping)
+        return dataclasses.replace(padded, kv=dataclasses.replace(padded.kv, slot_mapping=first))

@@ -119,3 +119,18 @@ def test_bad_buckets_are_refused(build_runner, device, buckets):
 def test_counters_start_from_the_capture(zoo_runner):
     _, runner = zoo_runner("dense")
     assert runner.stats.captures == len(BUCKETS)
+
+
+def test_a_batch_arriving_padded_between_buckets_replays_in_the_bucket_holding_its_rows(zoo_runner,
+                                                                                        assert_matches_eager, device):
+    # 3 real tokens padded to 5 rows: bucket 4 holds the tokens but not the rows; bucket 8 holds both.
+    model, runner = zoo_runner("dense")
+    batch = _batch(device, lengths=(1, 2), seed=31).padded_to(5)
+    assert runner.can_run(batch), "a pre-padded batch whose rows fit bucket 8 must be runnable"
+    before = runner.stats.replays_by_bucket.get(8, 0)
+    actual = runner.run(batch)
+    assert runner.stats.replays_by_bucket.get(8, 0) == before + 1, (
+        f"{batch.describe()} should replay bucket 8: {runner.stats.replays_by_bucket}")
+    assert actual.hidden_states.shape[0] == 3, "per-token outputs are cut to the real tokens, not the rows"
+    assert_matches_eager(actual, model, batch, dtype=torch.float32, name="dense", seed=31,
+                         note="oracle padded to bucket 8 from the batch's own 5 rows")

@@ -189,7 +189,9 @@ class NestedRunsEagerly(LayerStackRunner):
 class LeaksForwardContext(LayerStackRunner):
     @contextlib.contextmanager
     def publish(self, batch: ForwardBatch) -> Iterator[None]:
-        forward_context(batch).__enter__()  # entered, never exited
+        context = forward_context(batch)
+        context.__enter__()  # entered, never exited
+        vars(self).setdefault("_published", []).append(context)  # kept alive: collecting it would exit it
         yield
 
 

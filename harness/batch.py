@@ -12,6 +12,10 @@ Engines hand attention its per-request metadata out of band, not through the lay
 arguments, because a captured graph freezes arguments but an eager break runs again at every
 replay. :func:`forward_context` publishes the live batch for the duration of a forward;
 :func:`current_batch` is what attention reads. Runners set it around replays.
+
+Decode batches carry :class:`PagedKV`: where each token's key and value go in a paged KV cache
+(``slot_mapping``, :data:`PAD_SLOT` for padding, which writes nothing) and which cache slots each
+request reads (its block table and KV length), as engines hand them to their attention kernels.
 """
 
 from __future__ import annotations
@@ -30,12 +34,17 @@ from harness.errors import BatchError, BucketError, UsageError
 __all__ = [
     "HiddenMode",
     "ForwardBatch",
+    "PagedKV",
+    "PAD_SLOT",
     "validate_buckets",
     "select_bucket",
     "request_offsets",
     "forward_context",
     "current_batch",
+    "published_batch",
 ]
+
+PAD_SLOT = -1  # the slot of a padding token: attention writes nothing for it (vLLM's convention)
 
 
 class HiddenMode(str, enum.Enum):
@@ -50,12 +59,38 @@ class HiddenMode(str, enum.Enum):
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
+class PagedKV:
+    """Paged-KV-cache metadata of a batch: ``slot_mapping`` (int64 device tensor, one cache slot per
+    packed token, :data:`PAD_SLOT` for padding), and per request its ``kv_lens`` (tokens in the cache
+    after this step, its new tokens included) and ``block_tables`` (the cache pages it owns, in
+    order; slot ``page * block_size + offset``)."""
+
+    slot_mapping: torch.Tensor
+    kv_lens: tuple[int, ...]
+    block_tables: tuple[tuple[int, ...], ...]
+    block_size: int
+
+    def slots_of(self, request: int) -> list[int]:
+        """The cache slots request ``request`` reads, in token order."""
+        pages, size = self.block_tables[request], self.block_size
+        return [pages[i // size] * size + i % size for i in range(self.kv_lens[request])]
+
+    def padded_to(self, num_tokens: int) -> "PagedKV":
+        extra = num_tokens - self.slot_mapping.shape[0]
+        if not extra:
+            return self
+        pad = self.slot_mapping.new_full((extra,), PAD_SLOT)
+        return dataclasses.replace(self, slot_mapping=torch.cat([self.slot_mapping, pad]))
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
 class ForwardBatch:
     """Packed tokens of ``num_requests`` requests, plus ``num_padding`` padding tokens at the end.
 
     ``last_indices`` is a device tensor (each request's last token) so that graph-captured code can
     follow it when it is refreshed in place. ``side_inputs`` maps a layer-stack keyword to a
-    per-token tensor. Build one with :meth:`from_lengths`; the constructor checks consistency.
+    per-token tensor; ``kv`` the paged-KV-cache metadata of a decode batch (``None`` without a
+    cache). Build one with :meth:`from_lengths`; the constructor checks consistency.
     """
 
     input_ids: torch.Tensor
@@ -67,6 +102,7 @@ class ForwardBatch:
     all_logits: bool = False
     side_inputs: Mapping[str, torch.Tensor] = dataclasses.field(default_factory=dict)
     num_padding: int = 0
+    kv: PagedKV | None = None
 
     def __post_init__(self) -> None:
         lengths = self.seq_lens
@@ -92,6 +128,15 @@ class ForwardBatch:
                 )
         if tuple(self.last_indices.shape) != (len(lengths),):
             raise BatchError(f"last_indices has shape {tuple(self.last_indices.shape)}, expected ({len(lengths)},)")
+        if self.kv is not None:
+            if tuple(self.kv.slot_mapping.shape) != (total,):
+                raise BatchError(f"slot_mapping has shape {tuple(self.kv.slot_mapping.shape)}, expected ({total},)")
+            if len(self.kv.kv_lens) != len(lengths) or len(self.kv.block_tables) != len(lengths):
+                raise BatchError(f"kv_lens and block_tables need one entry per request ({len(lengths)})")
+            short = [i for i, (n, kv) in enumerate(zip(lengths, self.kv.kv_lens)) if kv < n]
+            if short:
+                raise BatchError(f"request {short[0]} has {lengths[short[0]]} new tokens but kv length "
+                                 f"{self.kv.kv_lens[short[0]]}; the cache holds the new tokens too")
         object.__setattr__(self, "hidden_mode", HiddenMode(self.hidden_mode))
 
     @property
@@ -168,6 +213,7 @@ class ForwardBatch:
         return dataclasses.replace(
             self, input_ids=pad(self.input_ids), positions=pad(self.positions),
             side_inputs={k: pad(v) for k, v in self.side_inputs.items()}, num_padding=self.num_padding + extra,
+            kv=None if self.kv is None else self.kv.padded_to(num_tokens),
         )
 
     def describe(self) -> str:
@@ -223,6 +269,11 @@ def forward_context(batch: Any) -> Iterator[Any]:
         yield batch
     finally:
         _CURRENT.reset(token)
+
+
+def published_batch() -> Any:
+    """The live batch, or ``None`` when no forward context is published (for checks, not attention)."""
+    return _CURRENT.get()
 
 
 def current_batch() -> Any:

@@ -130,8 +130,16 @@ def packed_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -
 
 
 class Attention(nn.Module):
+    """Self-attention whose core is ``kernel(q, k, v)``, an eager break reading the live batch.
+
+    ``kernel`` is the attention backend (:func:`packed_causal_attention` by default), swapped the way
+    engines swap attention backends: the paged-KV-cache decoder sets a cache-writing kernel, and
+    suites wrap it to act from inside an eager break during a replay.
+    """
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
+        self.kernel = packed_causal_attention
         self.num_heads, self.head_dim = config.num_heads, config.head_dim
         self.qkv_proj = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=False)
         self.o_proj = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
@@ -141,7 +149,7 @@ class Attention(nn.Module):
         tokens = hidden.shape[0]
         q, k, v = self.qkv_proj(hidden).view(tokens, 3, self.num_heads, self.head_dim).unbind(1)
         q, k = self.rotary(positions, q), self.rotary(positions, k)
-        out = packed_causal_attention(q, k, v.contiguous())
+        out = self.kernel(q, k, v.contiguous())
         return self.o_proj(out.reshape(tokens, -1))
 
 

@@ -17,6 +17,7 @@ from torch import nn
 
 from harness.batch import ForwardBatch, forward_context
 from harness.errors import UsageError
+from harness.models.paged import PagedDecoderLM
 from harness.models.engine import (
     CausalLM,
     EngineModel,
@@ -106,6 +107,7 @@ _BUILDERS: dict[str, Callable[[ModelConfig], nn.Module]] = {
         config, EngineModel(config, layers_attribute="h"), stack_attribute="transformer"),
     "odd-lm-is-base": BaseAsLanguageModel,
     "odd-wrapped-stack": lambda config: ModuleWrapper(CausalLM(config)),
+    "paged-decoder": PagedDecoderLM,
 }
 
 MODEL_NAMES: tuple[str, ...] = tuple(_BUILDERS)

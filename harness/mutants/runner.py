@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator
 from torch import nn
 
 from harness.errors import BucketError
-from harness.batch import ForwardBatch, HiddenMode
+from harness.batch import ForwardBatch, HiddenMode, forward_context
 from harness.runner.discovery import DiscoveryResult
 from harness.mutants import MutantSet
 from harness.runner.runner import LayerStackRunner, StaticInputs
@@ -138,3 +138,124 @@ class SilentFallback(LayerStackRunner):
 class HandsOutStaticOutput(LayerStackRunner):
     def hand_out(self, output: Any) -> Any:
         return output
+
+
+# -- the runner's life between and around calls (suites/runner/test_lifecycle_machine.py) ---------
+
+
+@MUTANTS.add("copies-only-when-sliced", bug="copies outputs only when it cuts them: a batch that exactly fills its "
+                    "bucket gets the graph's static buffers, which the next replay overwrites")
+class CopiesOnlyWhenSliced(LayerStackRunner):
+    def slice_output(self, output: Any, *, bucket: int, num_tokens: int) -> Any:
+        if num_tokens == bucket:
+            return output
+        return super().hand_out(super().slice_output(output, bucket=bucket, num_tokens=num_tokens))
+
+    def hand_out(self, output: Any) -> Any:
+        return output  # "already copied by the slice"
+
+
+@MUTANTS.add("fallback-checks-request-count-only", bug="after a discovery fallback replays any single-request batch, "
+                    "though the graph froze hidden mode none and last-token logits")
+class FallbackChecksRequestCountOnly(LayerStackRunner):
+    def can_run(self, batch: ForwardBatch) -> bool:
+        try:
+            bucket = self.bucket_for(self.rows(batch))
+        except BucketError:
+            return False
+        return bucket in self.captured_buckets() and (not self.discovery.fell_back or batch.num_requests == 1)
+
+
+@MUTANTS.add("eager-fallback-with-grad", bug="the eager fallback runs the model with the caller's autograd mode: "
+                    "outputs carry grad_fn, compiled out= kernels fail")
+class EagerFallbackWithGrad(LayerStackRunner):
+    def run_eagerly(self, batch: ForwardBatch) -> Any:
+        output = self.model(batch.input_ids, batch.positions, batch)
+        return self.slice_output(output, bucket=self.rows(batch), num_tokens=batch.num_tokens)
+
+
+@MUTANTS.add("nested-runs-eagerly", bug="a run() inside a replay goes eager instead of raising: the model's layer "
+                    "stack is still patched, so at the outer bucket's size it replays over the outer's buffers")
+class NestedRunsEagerly(LayerStackRunner):
+    def run(self, batch: ForwardBatch) -> Any:
+        if self.in_replay:  # "eager is always safe"
+            self.stats.eager_fallbacks += 1
+            return self.run_eagerly(batch)
+        return super().run(batch)
+
+
+@MUTANTS.add("leaks-forward-context", bug="publishes the padded batch as the forward context and never unpublishes it: "
+                    "attention outside any forward silently reads a stale batch")
+class LeaksForwardContext(LayerStackRunner):
+    @contextlib.contextmanager
+    def publish(self, batch: ForwardBatch) -> Iterator[None]:
+        context = forward_context(batch)
+        context.__enter__()  # entered, never exited
+        vars(self).setdefault("_published", []).append(context)  # kept alive: collecting it would exit it
+        yield
+
+
+@MUTANTS.add("patches-the-class", bug="replaces forward on the layer module's class, not the instance: every other "
+                    "instance of the class runs the replay closure while a replay is under way")
+class PatchesTheClass(LayerStackRunner):
+    @contextlib.contextmanager
+    def patched_forward(self, replacement: Callable[..., Any]) -> Iterator[None]:
+        cls = type(self.layer_model)
+        original = cls.__dict__["forward"]
+        cls.forward = lambda module, *args, **kwargs: replacement(*args, **kwargs)
+        try:
+            yield
+        finally:
+            cls.forward = original
+
+
+@MUTANTS.add("restores-a-bound-method", bug="saves layer_model.forward by value and assigns it back: a bound method "
+                    "stays in the instance __dict__ and shadows later class-level patches")
+class RestoresABoundMethod(LayerStackRunner):
+    @contextlib.contextmanager
+    def patched_forward(self, replacement: Callable[..., Any]) -> Iterator[None]:
+        layer = self.layer_model
+        original = layer.forward
+        layer.forward = replacement
+        try:
+            yield
+        finally:
+            layer.forward = original
+
+
+# -- decode with a paged KV cache (suites/runner/test_decode.py) ---------------------------------
+
+
+@MUTANTS.add("replays-twice", bug="replays the graph twice per call (a warm-up replay left in): the attention "
+                    "breaks write the KV cache twice")
+class ReplaysTwice(LayerStackRunner):
+    @contextlib.contextmanager
+    def patched_forward(self, replacement: Callable[..., Any]) -> Iterator[None]:
+        def twice(*args: Any, **kwargs: Any) -> Any:
+            replacement(*args, **kwargs)
+            return replacement(*args, **kwargs)
+
+        with super().patched_forward(twice):
+            yield
+
+
+@MUTANTS.add("pads-into-live-slots", bug="pads the slot mapping with slot 0 instead of the padding slot: the padded "
+                    "tail writes into a live request's KV-cache slot")
+class PadsIntoLiveSlots(LayerStackRunner):
+    def pad(self, batch: ForwardBatch, bucket: int) -> ForwardBatch:
+        padded = batch.padded_to(bucket)
+        if padded.kv is None:
+            return padded
+        slots = padded.kv.slot_mapping.clamp(min=0)  # PAD_SLOT (-1) becomes slot 0
+        return dataclasses.replace(padded, kv=dataclasses.replace(padded.kv, slot_mapping=slots))
+
+
+@MUTANTS.add("stale-slot-mapping", bug="copies the slot mapping into a per-bucket static buffer at the first replay "
+                    "only: later steps write their keys and values into the first step's slots")
+class StaleSlotMapping(LayerStackRunner):
+    def pad(self, batch: ForwardBatch, bucket: int) -> ForwardBatch:
+        padded = batch.padded_to(bucket)
+        if padded.kv is None:
+            return padded
+        first = vars(self).setdefault("_first_slot_mapping", {}).setdefault(bucket, padded.kv.slot_mapping)
+        return dataclasses.replace(padded, kv=dataclasses.replace(padded.kv, slot_mapping=first))

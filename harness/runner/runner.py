@@ -5,7 +5,8 @@ forward of the whole model records the arguments the stack is called with (the *
 become the bucket's static inputs, and ``layer_model.forward`` alone is captured on them, under
 ``torch.no_grad()``, into one shared pool.
 
-Replay: the live batch is padded to its bucket; ``layer_model.forward`` is replaced by a closure
+Replay: the live batch is padded to its bucket (the smallest that holds every row it carries: a
+batch that arrives already padded keeps its padding, and its outputs are cut to its real tokens); ``layer_model.forward`` is replaced by a closure
 that copies the live arguments into the static inputs, replays the graph and returns the captured
 hidden states; the outer model's forward runs eagerly around it with the live batch (so logits
 processing and anything else batch-size dependent stays out of the graph); the original forward is
@@ -13,8 +14,9 @@ put back in ``finally``; outputs are sliced to the real token count and copied, 
 never overwrites what a caller holds.
 
 Seams a subclass may override, one behaviour each: :meth:`discover`, :meth:`bucket_for`,
-:meth:`autograd_off`, :meth:`patched_forward`, :meth:`pad`, :meth:`slice_output`,
-:meth:`hand_out`, and ``static_inputs_class`` (:meth:`StaticInputs.load`).
+:meth:`can_run`, :meth:`autograd_off`, :meth:`publish`, :meth:`patched_forward`, :meth:`pad`,
+:meth:`slice_output`, :meth:`hand_out`, :meth:`run_eagerly`, and ``static_inputs_class``
+(:meth:`StaticInputs.load`); :attr:`in_replay` tells an override whether a replay is under way.
 """
 
 from __future__ import annotations
@@ -144,6 +146,11 @@ class LayerStackRunner:
         """The smallest bucket holding ``num_tokens``; :class:`BucketError` when none does."""
         return select_bucket(num_tokens, self.buckets)
 
+    def publish(self, batch: ForwardBatch) -> contextlib.AbstractContextManager:
+        """Publish ``batch`` as the forward context for the block (what attention reads); the previous
+        context, usually none, comes back when the block ends."""
+        return forward_context(batch)
+
     def autograd_off(self) -> contextlib.AbstractContextManager:
         # Calling layer_model.forward directly skips the outer model's own no_grad, and compiled
         # MoE kernels with out= reductions refuse to run under autograd.
@@ -188,7 +195,7 @@ class LayerStackRunner:
             def step(static: StaticInputs = static, forward: Callable[..., Any] = forward) -> Any:
                 return forward(*static.args, **static.kwargs)
 
-            with self.autograd_off(), forward_context(static.batch):
+            with self.autograd_off(), self.publish(static.batch):
                 static.graph = self.graphs.capture(step, pool=pool, warmup_runs=self.warmup_runs)
             self._captured[bucket] = static
             self.stats.captures += 1
@@ -230,12 +237,23 @@ class LayerStackRunner:
     def captured_buckets(self) -> tuple[int, ...]:
         return tuple(sorted(self._captured))
 
+    @property
+    def in_replay(self) -> bool:
+        """Whether a replay is under way (its forward is patched and its static buffers are in use)."""
+        return self._in_replay
+
+    @staticmethod
+    def rows(batch: ForwardBatch) -> int:
+        """The token rows ``batch`` carries: its real tokens plus any padding it arrived with."""
+        return batch.num_tokens + batch.num_padding
+
     def can_run(self, batch: ForwardBatch) -> bool:
-        """Whether :meth:`replay` can run ``batch``: a captured bucket fits, and, when discovery fell
-        back (the graph then holds the batch's Python-level choices), the batch matches the dummy:
-        one request, no hidden states, last-token logits only."""
+        """Whether :meth:`replay` can run ``batch``: a captured bucket holds its rows (padding it
+        arrived with included), and, when discovery fell back (the graph then holds the batch's
+        Python-level choices), the batch matches the dummy: one request, no hidden states,
+        last-token logits only."""
         try:
-            bucket = self.bucket_for(batch.num_tokens)
+            bucket = self.bucket_for(self.rows(batch))
         except BucketError:
             return False
         if bucket not in self._captured:
@@ -250,13 +268,19 @@ class LayerStackRunner:
         if self.can_run(batch):
             return self.replay(batch)
         self.stats.eager_fallbacks += 1
+        return self.run_eagerly(batch)
+
+    def run_eagerly(self, batch: ForwardBatch) -> Any:
+        """The eager fallback: the model's own forward without autograd, per-token outputs cut to the
+        real tokens (as a replay's are)."""
         with self.autograd_off():
-            return self.model(batch.input_ids, batch.positions, batch)
+            output = self.model(batch.input_ids, batch.positions, batch)
+        return self.slice_output(output, bucket=self.rows(batch), num_tokens=batch.num_tokens)
 
     def replay(self, batch: ForwardBatch) -> Any:
         """Replay ``batch`` through its bucket's graph; raises rather than running eagerly."""
         self._refuse_nested()
-        bucket = self.bucket_for(batch.num_tokens)
+        bucket = self.bucket_for(self.rows(batch))
         static = self._captured.get(bucket)
         if static is None:
             raise BucketError(f"bucket {bucket} was not captured; captured buckets: {list(self.captured_buckets())}")
@@ -274,7 +298,7 @@ class LayerStackRunner:
 
         self._in_replay = True
         try:
-            with self.autograd_off(), forward_context(padded), self.patched_forward(replay_layer_forward):
+            with self.autograd_off(), self.publish(padded), self.patched_forward(replay_layer_forward):
                 output = self.model(padded.input_ids, padded.positions, padded)
         finally:
             self._in_replay = False

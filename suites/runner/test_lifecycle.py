@@ -9,7 +9,8 @@ import torch
 
 from harness.errors import BucketError, ReplayError
 from harness.models import build_model
-from harness.runner.cases import BUCKETS, SEED, make_batch
+from harness.compare import assert_equivalent
+from harness.runner.cases import BUCKETS, SEED, eager_padded, make_batch
 
 
 class _Abort(BaseException):
@@ -119,3 +120,19 @@ def test_bad_buckets_are_refused(build_runner, device, buckets):
 def test_counters_start_from_the_capture(zoo_runner):
     _, runner = zoo_runner("dense")
     assert runner.stats.captures == len(BUCKETS)
+
+
+def test_a_batch_arriving_padded_between_buckets_replays_in_the_bucket_holding_its_rows(zoo_runner, exact_comparison,
+                                                                                        failure_context, device):
+    # 3 real tokens padded to 5 rows: bucket 4 holds the tokens but not the rows; bucket 8 holds both.
+    model, runner = zoo_runner("dense")
+    batch = _batch(device, lengths=(1, 2), seed=31).padded_to(5)
+    assert runner.can_run(batch), "a pre-padded batch whose rows fit bucket 8 must be runnable"
+    before = runner.stats.replays_by_bucket.get(8, 0)
+    actual = runner.run(batch)
+    assert runner.stats.replays_by_bucket.get(8, 0) == before + 1, (
+        f"{batch.describe()} should replay bucket 8: {runner.stats.replays_by_bucket}")
+    assert actual.hidden_states.shape[0] == 3, "per-token outputs are cut to the real tokens, not the rows"
+    # The oracle: eager at the replay's shapes (bucket 8, from the batch's own 5 rows), cut to the real tokens.
+    assert_equivalent(actual, eager_padded(model, batch, 8), exact=exact_comparison(torch.float32),
+                      context=failure_context(model="dense", seed=31, batch=batch.describe()))

@@ -1,0 +1,122 @@
+"""Multi-step greedy decode over a paged KV cache, as an engine's scheduler drives it.
+
+A :class:`DecodePlan` lists requests (prompt tokens, how many tokens to generate, the step they
+join at). :class:`DecodeLoop` steps them through any ``forward(batch) -> LogitsOutput`` (a runner's
+``run``, or eager): at each step, requests that join send their whole prompt, running ones their
+last token; pages come from a free list (lowest first, so a finished request's pages are reused by
+the next one); the batch carries :class:`~harness.batch.PagedKV` metadata; each request's next
+token is the argmax of its logits; finished requests leave and free their pages.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, Sequence
+
+import torch
+
+from harness.batch import ForwardBatch, PagedKV, request_offsets
+from harness.errors import BatchError
+
+__all__ = ["DecodeRequest", "DecodePlan", "DecodeStep", "DecodeLoop"]
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeRequest:
+    """A request: its prompt token ids, how many tokens to generate, the step it joins at."""
+
+    prompt: tuple[int, ...]
+    max_new_tokens: int
+    join_step: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodePlan:
+    requests: tuple[DecodeRequest, ...]
+    num_pages: int
+    block_size: int
+
+    def describe(self) -> str:
+        return "; ".join(f"r{i}: prompt {len(r.prompt)}, +{r.max_new_tokens} at step {r.join_step}"
+                         for i, r in enumerate(self.requests))
+
+
+@dataclasses.dataclass
+class DecodeStep:
+    """What one step ran and chose: the batch, the request ids in it, each one's next token."""
+
+    batch: ForwardBatch
+    request_ids: tuple[int, ...]
+    tokens: tuple[int, ...]
+    logits: torch.Tensor
+
+
+@dataclasses.dataclass
+class _Live:
+    generated: list[int]
+    pages: list[int]
+    kv_len: int = 0
+
+
+class DecodeLoop:
+    """Steps a :class:`DecodePlan` through ``forward``; ``tokens[i]`` is request ``i``'s output so far."""
+
+    def __init__(self, plan: DecodePlan, forward: Callable[[ForwardBatch], Any], *,
+                 device: torch.device | str = "cpu") -> None:
+        self.plan, self.forward, self.device = plan, forward, torch.device(device)
+        self.free_pages = list(range(plan.num_pages))
+        self.live: dict[int, _Live] = {}
+        self.tokens: dict[int, list[int]] = {}
+        self.step_index = 0
+
+    @property
+    def done(self) -> bool:
+        return all(len(self.tokens.get(i, ())) >= r.max_new_tokens for i, r in enumerate(self.plan.requests))
+
+    def _allocate(self, state: _Live, kv_len: int) -> None:
+        needed = math.ceil(kv_len / self.plan.block_size) - len(state.pages)
+        if needed > len(self.free_pages):
+            raise BatchError(f"the KV cache is out of pages at step {self.step_index} ({self.plan.describe()})")
+        self.free_pages.sort()
+        state.pages += self.free_pages[:needed]
+        del self.free_pages[:needed]
+
+    def step(self, force_tokens: Sequence[int] | None = None) -> DecodeStep | None:
+        """Run one step (``None`` when no request is live this step). ``force_tokens`` replaces the
+        chosen tokens (teacher forcing: a twin follows another loop's stream)."""
+        for index, request in enumerate(self.plan.requests):
+            if request.join_step == self.step_index or (request.join_step < self.step_index and index not in
+                                                        self.tokens and index not in self.live):
+                self.live[index] = _Live([], [])
+        ids = sorted(self.live)
+        self.step_index += 1
+        if not ids:
+            return None
+        new_tokens, positions, lengths, slots, kv_lens, tables = [], [], [], [], [], []
+        size = self.plan.block_size
+        for index in ids:
+            state = self.live[index]
+            fresh = list(self.plan.requests[index].prompt) if state.kv_len == 0 else [state.generated[-1]]
+            kv_len = state.kv_len + len(fresh)
+            self._allocate(state, kv_len)
+            new_tokens += fresh
+            positions += range(state.kv_len, kv_len)
+            slots += [state.pages[p // size] * size + p % size for p in range(state.kv_len, kv_len)]
+            lengths.append(len(fresh))
+            kv_lens.append(kv_len)
+            tables.append(tuple(state.pages))
+            state.kv_len = kv_len
+        starts, last = request_offsets(lengths)
+        kv = PagedKV(torch.tensor(slots, device=self.device), tuple(kv_lens), tuple(tables), size)
+        batch = ForwardBatch(torch.tensor(new_tokens, device=self.device), torch.tensor(positions, device=self.device),
+                             tuple(lengths), starts, torch.tensor(last, device=self.device), kv=kv)
+        logits = self.forward(batch).next_token_logits
+        chosen = tuple(int(t) for t in logits.argmax(dim=-1).tolist()) if force_tokens is None else tuple(force_tokens)
+        for index, token in zip(ids, chosen):
+            state = self.live[index]
+            state.generated.append(token)
+            self.tokens[index] = list(state.generated)
+            if len(state.generated) >= self.plan.requests[index].max_new_tokens:
+                self.free_pages += self.live.pop(index).pages  # finished: its slots go to the next request
+        return DecodeStep(batch, tuple(ids), chosen, logits)

@@ -1,0 +1,84 @@
+"""Multi-step greedy decode with a paged KV cache: requests join, finish and leave between steps and
+their cache pages are reused. After every step the runner's token streams, logits and cache contents
+equal an eager twin's (same model, own cache): bitwise where the backend allows it, else within the
+tolerance table with the twin following the runner's tokens (each must be an eager near-argmax)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from harness.compare import TOLERANCES, assert_equivalent
+from harness.models import build_model
+from harness.runner import select_bucket
+from harness.runner.cases import BUCKETS, CONFIG, SEED, eager, eager_padded
+from harness.runner.decode import DecodeLoop, DecodePlan, DecodeRequest
+
+NUM_PAGES, BLOCK_SIZE = 24, 4
+
+
+@st.composite
+def plans(draw) -> DecodePlan:
+    """1-4 requests, prompts of 1-6 tokens, 1-5 new tokens, joining at steps 0-4 (at most 24 tokens
+    a step: every step replays)."""
+    count = draw(st.integers(1, 4))
+    seed = draw(st.integers(0, 2**16))
+    generator = torch.Generator().manual_seed(seed)
+    requests = []
+    for _ in range(count):
+        length = draw(st.integers(1, 6))
+        prompt = tuple(torch.randint(0, CONFIG.vocab_size, (length,), generator=generator).tolist())
+        requests.append(DecodeRequest(prompt, draw(st.integers(1, 5)), draw(st.integers(0, 4))))
+    return DecodePlan(tuple(requests), NUM_PAGES, BLOCK_SIZE)
+
+
+@pytest.fixture(scope="module")
+def twin(device):
+    """The eager twin: the same weights, its own KV cache."""
+    return build_model("paged-decoder", seed=SEED, device=device)
+
+
+@given(plan=plans())
+def test_decode_steps_match_the_eager_twin(zoo_runner, twin, exact_comparison, failure_context, device, plan):
+    model, runner = zoo_runner("paged-decoder")
+    bitwise = exact_comparison(torch.float32)
+    model.kv_cache.reset()
+    twin.kv_cache.reset()
+
+    def twin_forward(batch):
+        # Bitwise: eager at the shapes the replay runs at (its bucket); else eager on the batch itself.
+        return eager_padded(twin, batch, select_bucket(batch.num_tokens, BUCKETS)) if bitwise else eager(twin, batch)
+
+    ran, followed = DecodeLoop(plan, runner.run, device=device), DecodeLoop(plan, twin_forward, device=device)
+    step = 0
+    while not ran.done:
+        writes = (model.kv_cache.writes, twin.kv_cache.writes)
+        replays = runner.stats.replays
+        actual = ran.step()
+        expected = followed.step(force_tokens=None if bitwise else (actual.tokens if actual else None))
+        step += 1
+        if actual is None:
+            assert expected is None
+            continue
+        context = failure_context(plan=plan.describe(), step=step, batch=actual.batch.describe(),
+                                  requests=actual.request_ids)
+        assert runner.stats.replays == replays + 1, f"step {step} did not replay exactly once: {context}"
+        layers = CONFIG.num_layers
+        assert (model.kv_cache.writes - writes[0], twin.kv_cache.writes - writes[1]) == (layers, layers), (
+            f"step {step}: each layer writes the cache once per forward; runner wrote "
+            f"{model.kv_cache.writes - writes[0]} times, eager {twin.kv_cache.writes - writes[1]}: {context}")
+        assert actual.request_ids == expected.request_ids
+        assert_equivalent(actual.logits, expected.logits, exact=bitwise, context={**context, "compared": "logits"})
+        assert_equivalent((model.kv_cache.keys, model.kv_cache.values), (twin.kv_cache.keys, twin.kv_cache.values),
+                          exact=bitwise, context={**context, "compared": "the whole KV cache (keys, values)"})
+        if bitwise:
+            assert actual.tokens == expected.tokens, f"step {step}: tokens {actual.tokens} vs eager {expected.tokens}"
+        else:
+            tolerance = TOLERANCES[torch.float32]
+            picked = expected.logits.gather(1, torch.tensor(actual.tokens, device=device)[:, None]).flatten()
+            best = expected.logits.max(dim=-1).values
+            gap = best - picked
+            assert bool((gap <= tolerance.atol + tolerance.rtol * best.abs()).all()), f"step {step}: runner tokens are not eager near-argmax ({gap}): {context}"
+    assert ran.tokens == followed.tokens

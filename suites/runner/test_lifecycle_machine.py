@@ -1,0 +1,351 @@
+"""The runner's life between and around calls, as a hypothesis state machine.
+
+Rules, in any order: batches through ``run`` and ``replay`` (every bucket, exact fills, past the
+largest bucket, arriving pre-padded, one or many requests, every hidden mode, ``all_logits``), in
+both grad modes; Exception, BaseException and KeyboardInterrupt raised from the outer forward and
+from an eager break; ``run``/``replay`` called from inside a replay (from the attention break), at
+the outer bucket's size too; a second instance of the model class running eagerly inside a replay.
+Each machine starts from a model whose layer module may already carry an instance-level ``forward``
+wrapper and a forward hook. Machines: a model whose discovery finds the stack, and one whose
+discovery fell back (its graph is the whole model).
+
+After every step: every output ever handed out still equals its eager value; the layer module's
+instance and class ``__dict__`` are exactly what they were before the runner existed; no forward
+context is published; no output has a ``grad_fn``; the counters add up; the runner still replays.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from typing import Any, Callable
+
+import pytest
+import torch
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
+
+from harness.batch import published_batch
+from harness.compare import assert_equivalent
+from harness.errors import BucketError, HarnessError, ReplayError
+from harness.graphs import eager_on_graph
+from harness.models import build_model, packed_causal_attention
+from harness.runner import ForwardBatch, select_bucket
+from harness.runner.cases import SEED, eager, eager_padded, make_batch, split_strategy
+
+BUCKETS = (2, 4, 8)  # small buckets: every example captures all of them, twice per machine kind
+MAX = BUCKETS[-1]
+# name -> (zoo model, dotted path of the layer module, discovery falls back). The fell-back model's
+# graph is the whole CausalLM, logits processor and the batch's Python-level choices included.
+MACHINES = {"normal": ("dense", "model", False), "fell-back": ("odd-decoder-layers", "", True)}
+EXCEPTIONS = {"Exception": RuntimeError, "BaseException": type("Abort", (BaseException,), {}),
+              "KeyboardInterrupt": KeyboardInterrupt}
+
+
+@dataclasses.dataclass
+class _Hooks:
+    """What the model's hook points do in the current step: ``in_break`` runs inside the first
+    attention break of a forward, ``after_forward`` in the outer model's forward hook."""
+
+    in_break: Callable[[], None] | None = None
+    after_forward: Callable[[], None] | None = None
+    wrapper_calls: int = 0
+
+
+@dataclasses.dataclass
+class _Subject:
+    """A model with its hook points, its layer module's dicts before the runner, and the runner."""
+
+    model: torch.nn.Module
+    twin: torch.nn.Module
+    layer: torch.nn.Module
+    hooks: _Hooks
+    instance_dict: dict[str, Any]
+    class_dict: dict[str, Any]
+    runner: Any
+
+
+def _build_subject(kind: str, wrapper: bool, hook: bool, build_runner: Callable[..., Any],
+                   device: torch.device) -> _Subject:
+    name, path, _ = MACHINES[kind]
+    model = build_model(name, seed=SEED, device=device, requires_grad=True)
+    hooks = _Hooks()
+
+    @eager_on_graph
+    def hooked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        action, hooks.in_break = hooks.in_break, None  # once per forward: the first layer's break
+        if action is not None:
+            action()
+        return packed_causal_attention.__wrapped__(q, k, v)
+
+    for module in model.modules():
+        if hasattr(module, "kernel"):
+            module.kernel = hooked_attention
+
+    def after_forward(module: torch.nn.Module, args: Any, output: Any) -> None:
+        action, hooks.after_forward = hooks.after_forward, None
+        if action is not None:
+            action()
+
+    model.register_forward_hook(after_forward)
+    layer = model.get_submodule(path)
+    if wrapper:  # an instance-level forward wrapper installed before the runner (profilers, adapters do)
+        inner = layer.forward
+
+        def counting_forward(*args: Any, **kwargs: Any) -> Any:
+            hooks.wrapper_calls += 1
+            return inner(*args, **kwargs)
+
+        layer.forward = counting_forward
+    if hook:
+        layer.register_forward_pre_hook(lambda module, args: None)
+    instance_dict, class_dict = dict(layer.__dict__), dict(type(layer).__dict__)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        runner = build_runner(model, buckets=BUCKETS)
+    twin = build_model(name, seed=SEED + 1, device=device)
+    return _Subject(model, twin, layer, hooks, instance_dict, class_dict, runner)
+
+
+def _same_dict(now: dict[str, Any], before: dict[str, Any], what: str) -> None:
+    added, removed = sorted(set(now) - set(before)), sorted(set(before) - set(now))
+    changed = sorted(k for k in set(now) & set(before) if now[k] is not before[k])
+    assert not (added or removed or changed), (
+        f"{what} differs from before the runner existed: added {added}, removed {removed}, replaced {changed}")
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if dataclasses.is_dataclass(value):
+        return [t for f in dataclasses.fields(value) for t in _tensors(getattr(value, f.name))]
+    if isinstance(value, (tuple, list)):
+        return [t for item in value for t in _tensors(item)]
+    return []
+
+
+def _clone(value: Any) -> Any:
+    if dataclasses.is_dataclass(value):
+        return dataclasses.replace(value, **{f.name: _clone(getattr(value, f.name)) for f in dataclasses.fields(value)})
+    return value.clone() if isinstance(value, torch.Tensor) else value
+
+
+def _lengths(max_tokens: int = MAX + 3) -> st.SearchStrategy[list[int]]:
+    edges = [n for n in (*BUCKETS, MAX + 1) if n <= max_tokens]  # exact fills, and just past the largest
+    totals = st.one_of(st.sampled_from(edges), st.integers(1, max_tokens))
+    return totals.flatmap(lambda total: split_strategy(total, max_requests=6))
+
+
+def _machine(kind: str, subjects: Callable[[bool, bool], _Subject], device: torch.device, bitwise: bool,
+             context: Callable[..., dict]) -> type[RuleBasedStateMachine]:
+    name, _, fell_back = MACHINES[kind]
+
+    class RunnerLifecycle(RuleBasedStateMachine):
+        @initialize(wrapper=st.booleans(), hook=st.booleans())
+        def build(self, wrapper: bool, hook: bool) -> None:
+            self.subject = subjects(wrapper, hook)
+            self.runner, self.model = self.subject.runner, self.subject.model
+            stats = self.runner.stats
+            self.base = (stats.replays, stats.eager_fallbacks, dict(stats.replays_by_bucket))
+            self.expected_replays, self.expected_fallbacks = 0, 0
+            self.unsure = 0  # calls that raised half-way: each may or may not have been counted
+            self.disturbed = True  # an exception or a nested call happened since the last usability probe
+            self.kept: list[tuple[Any, Any, str]] = []
+            self.seed = 0
+
+        # -- helpers --------------------------------------------------------------------------
+
+        def _batch(self, lengths: list[int], mode: str, all_logits: bool, pad: int) -> ForwardBatch:
+            self.seed += 1
+            batch = make_batch(name, lengths, seed=self.seed, dtype=torch.float32, device=device, hidden_mode=mode,
+                               all_logits=all_logits)
+            return batch.padded_to(batch.num_tokens + pad) if pad else batch
+
+        def _replayable(self, batch: ForwardBatch) -> bool:
+            # The contract, from the docs: a bucket holds every row the batch carries; a fell-back
+            # graph replays only what matches its dummy capture.
+            rows = batch.num_tokens + batch.num_padding
+            dummy_like = batch.num_requests == 1 and str(batch.hidden_mode) == "none" and not batch.all_logits
+            return rows <= MAX and (dummy_like or not fell_back)
+
+        def _expected(self, batch: ForwardBatch) -> Any:
+            """Eager at the shapes the runner runs at: the bucket when it replays, else the batch's own;
+            per-token outputs cut to the real tokens."""
+            rows = batch.num_tokens + batch.num_padding
+            bucket = select_bucket(rows, BUCKETS) if self._replayable(batch) else rows
+            return eager_padded(self.model, batch, bucket)
+
+        def _describe(self, batch: ForwardBatch, via: str, grad: bool) -> str:
+            return f"{via}({batch.describe()}) with grad {'on' if grad else 'off'}"
+
+        def _call(self, via: str, batch: ForwardBatch) -> Any:
+            return getattr(self.runner, via)(batch)
+
+        def _keep(self, output: Any, batch: ForwardBatch, what: str) -> None:
+            grads = [tuple(t.shape) for t in _tensors(output) if t.grad_fn is not None or t.requires_grad]
+            assert not grads, f"{what}: outputs of shapes {grads} carry autograd history"
+            self.kept.append((output, _clone(self._expected(batch)), what))
+            assert_equivalent(output, self.kept[-1][1], exact=bitwise,
+                              context=context(machine=kind, call=what, model=name, comparison="eager at replay shapes"))
+
+        # -- rules ----------------------------------------------------------------------------
+
+        @rule(lengths=_lengths(), mode=st.sampled_from(["none", "last", "full"]), all_logits=st.booleans(),
+              pad=st.integers(0, 3), via=st.sampled_from(["run", "replay"]), grad=st.booleans())
+        def call(self, lengths: list[int], mode: str, all_logits: bool, pad: int, via: str, grad: bool) -> None:
+            batch = self._batch(lengths, mode, all_logits, pad)
+            what = self._describe(batch, via, grad)
+            replayable = self._replayable(batch)
+            assert self.runner.can_run(batch) == replayable, f"can_run is {not replayable} for {what}"
+            with torch.set_grad_enabled(grad):
+                if via == "replay" and not replayable:
+                    with pytest.raises(BucketError if batch.num_tokens + batch.num_padding > MAX else HarnessError):
+                        self._call(via, batch)
+                    return
+                output = self._call(via, batch)
+            if replayable:
+                self.expected_replays += 1
+            else:
+                self.expected_fallbacks += 1
+            self._keep(output, batch, what)
+
+        @rule(lengths=_lengths(MAX), where=st.sampled_from(["outer forward", "eager break"]),
+              error=st.sampled_from(sorted(EXCEPTIONS)), via=st.sampled_from(["run", "replay"]))
+        def raise_half_way(self, lengths: list[int], where: str, error: str, via: str) -> None:
+            batch = self._batch(lengths if not fell_back else [sum(lengths)], "none", False, 0)
+            exception = EXCEPTIONS[error]
+
+            def fail() -> None:
+                raise exception(f"raised from the {where}")
+
+            hooks = self.subject.hooks
+            if where == "outer forward":
+                hooks.after_forward = fail
+            else:
+                hooks.in_break = fail
+            try:
+                with pytest.raises(exception):
+                    self._call(via, batch)
+            finally:
+                hooks.after_forward = hooks.in_break = None
+            self.unsure += 1
+            self.disturbed = True
+
+        @rule(outer=_lengths(MAX), inner_size=st.sampled_from(["same bucket", "other"]),
+              outer_via=st.sampled_from(["run", "replay"]), inner_via=st.sampled_from(["run", "replay"]))
+        def nested_call(self, outer: list[int], inner_size: str, outer_via: str, inner_via: str) -> None:
+            outer_batch = self._batch(outer if not fell_back else [sum(outer)], "none", False, 0)
+            bucket = select_bucket(outer_batch.num_tokens, BUCKETS)
+            inner_tokens = bucket if inner_size == "same bucket" else (1 if bucket > 2 else MAX)
+            inner_batch = self._batch([inner_tokens], "none", False, 0)
+            seen: list[BaseException | None] = []
+
+            def nested() -> None:
+                try:
+                    self._call(inner_via, inner_batch)
+                except BaseException as error:  # noqa: BLE001 - recorded and judged below
+                    seen.append(error)
+                else:
+                    seen.append(None)
+
+            self.subject.hooks.in_break = nested
+            try:
+                output = self._call(outer_via, outer_batch)
+            finally:
+                self.subject.hooks.in_break = None
+            what = f"{outer_via} of {outer_batch.describe()} with {inner_via} of {inner_tokens} tokens nested inside"
+            assert len(seen) == 1 and isinstance(seen[0], ReplayError), (
+                f"{what}: the nested call must raise ReplayError (the outer replay's forward is patched and its "
+                f"static buffers are in use), got {seen[0]!r}")
+            self.expected_replays += 1
+            self.disturbed = True
+            self._keep(output, outer_batch, what)
+
+        @rule(lengths=_lengths(MAX), twin_lengths=_lengths(MAX), via=st.sampled_from(["run", "replay"]))
+        def twin_runs_during_replay(self, lengths: list[int], twin_lengths: list[int], via: str) -> None:
+            batch = self._batch(lengths if not fell_back else [sum(lengths)], "none", False, 0)
+            twin_batch = self._batch(twin_lengths, "full", True, 0)
+            twin = self.subject.twin
+            expected = eager(twin, twin_batch)
+            seen: list[Any] = []
+
+            def run_twin() -> None:
+                try:
+                    seen.append(eager(twin, twin_batch))
+                except Exception as error:  # noqa: BLE001 - judged below
+                    seen.append(error)
+
+            self.subject.hooks.in_break = run_twin
+            try:
+                output = self._call(via, batch)
+            finally:
+                self.subject.hooks.in_break = None
+            what = f"{via} of {batch.describe()} while a second {type(twin).__name__} ran {twin_batch.describe()}"
+            assert len(seen) == 1 and not isinstance(seen[0], Exception), f"{what}: the second instance raised {seen}"
+            assert_equivalent(seen[0], expected, exact=True,
+                              context=context(machine=kind, call=what, comparison="second instance, eager, inside a "
+                                              "replay vs outside it (the patch must be on the runner's instance only)"))
+            self.expected_replays += 1
+            self._keep(output, batch, what)
+
+        # -- invariants -----------------------------------------------------------------------
+
+        @invariant()
+        def handed_out_outputs_keep_their_values(self) -> None:
+            for output, expected, what in self.kept:
+                assert_equivalent(output, expected, exact=bitwise,
+                                  context=context(machine=kind, call=what, comparison="an output handed out earlier, "
+                                                  "read after every later step"))
+
+        @invariant()
+        def layer_module_is_as_before(self) -> None:
+            layer = self.subject.layer
+            _same_dict(layer.__dict__, self.subject.instance_dict, f"the {type(layer).__name__} instance's __dict__")
+            _same_dict(dict(type(layer).__dict__), self.subject.class_dict, f"{type(layer).__name__}.__dict__")
+
+        @invariant()
+        def no_forward_context_left(self) -> None:
+            assert published_batch() is None, f"a forward context is still published: {published_batch()!r}"
+
+        @invariant()
+        def counters_add_up(self) -> None:
+            stats = self.runner.stats
+            base_replays, base_fallbacks, base_buckets = self.base
+            replays, fallbacks = stats.replays - base_replays, stats.eager_fallbacks - base_fallbacks
+            assert stats.captures == len(BUCKETS), f"{stats.captures} captures for buckets {BUCKETS}"
+            assert sum(stats.replays_by_bucket.values()) == stats.replays, (
+                f"replays by bucket {stats.replays_by_bucket} do not add up to {stats.replays} replays")
+            low = (self.expected_replays, self.expected_fallbacks)
+            assert low[0] <= replays and low[1] <= fallbacks and replays + fallbacks <= sum(low) + self.unsure, (
+                f"since this machine started: {replays} replays and {fallbacks} eager fallbacks counted; expected "
+                f"{low[0]} and {low[1]}, plus at most {self.unsure} calls that raised half-way")
+
+        @invariant()
+        def runner_remains_usable(self) -> None:
+            # Every rule uses the runner; after a step that raised or nested, a replay proves it still works.
+            if not self.disturbed:
+                return
+            self.disturbed = False
+            batch = self._batch([1], "none", False, 0)
+            self.expected_replays += 1
+            self._keep(self.runner.replay(batch), batch, "the usability probe replay(1 token)")
+
+    return RunnerLifecycle
+
+
+@pytest.mark.parametrize("kind", list(MACHINES))
+def test_runner_lifecycle(kind, build_runner, device, exact_comparison, failure_context):
+    cache: dict[tuple[bool, bool], _Subject] = {}
+
+    def subjects(wrapper: bool, hook: bool) -> _Subject:
+        if (wrapper, hook) not in cache:
+            cache[wrapper, hook] = _build_subject(kind, wrapper, hook, build_runner, device)
+        return cache[wrapper, hook]
+
+    machine = _machine(kind, subjects, device, exact_comparison(torch.float32), failure_context)
+    current = settings()
+    # Each example captures a model (cached per wrapper/hook combination); half the profile's examples of
+    # ten steps each keep both machines inside the ci budget.
+    run_state_machine_as_test(machine, settings=settings(current, max_examples=max(current.max_examples // 2, 1),
+                                                         stateful_step_count=10))

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from harness.compare import assert_equivalent
 from harness.gather import BufferSpec, GatherCase, eager_gather, gather_dtypes
@@ -81,9 +82,13 @@ def test_index_values_change_between_calls(gather_function, device, failure_cont
                                                   refilled_indices=inputs.indices.tolist()))
 
 
-@given(case=gather_cases())
-def test_matches_eager_oracle_over_the_contract(check_gather, case):
-    check_gather(case)
+# Two shards (with and without a hidden-states buffer), each with half the profile's examples: the
+# same budget as one test, but pytest-xdist can run the shards (each compiling its own graphs) at once.
+@pytest.mark.parametrize("with_hidden", [True, False], ids=["hidden", "no-hidden"])
+@settings(max_examples=max(1, settings().max_examples // 2))
+@given(data=st.data())
+def test_matches_eager_oracle_over_the_contract(check_gather, with_hidden, data):
+    check_gather(data.draw(gather_cases(with_hidden=with_hidden), label="case"))
 
 
 @pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32], ids=str)

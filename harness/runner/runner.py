@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import torch
 from torch import nn
 
+from harness import observations
 from harness.errors import BucketError, CaptureError, ReplayError
 from harness.graphs import BreakableGraph
 from harness.batch import ForwardBatch, HiddenMode, forward_context, select_bucket, validate_buckets
@@ -250,6 +251,7 @@ class LayerStackRunner:
         if self.can_run(batch):
             return self.replay(batch)
         self.stats.eager_fallbacks += 1
+        observations.count("runner.eager_fallbacks")
         with self.autograd_off():
             return self.model(batch.input_ids, batch.positions, batch)
 
@@ -279,6 +281,7 @@ class LayerStackRunner:
         finally:
             self._in_replay = False
         self.stats.replays += 1
+        observations.count("runner.replays")
         self.stats.replays_by_bucket[bucket] = self.stats.replays_by_bucket.get(bucket, 0) + 1
         return self.hand_out(self.slice_output(output, bucket=bucket, num_tokens=batch.num_tokens))
 

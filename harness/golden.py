@@ -34,7 +34,7 @@ import torch
 from syrupy.extensions.single_file import SingleFileSnapshotExtension, WriteMode
 
 from harness.compare import tolerance_for
-from harness.errors import HarnessError
+from harness.errors import GoldenError
 
 __all__ = [
     "GoldenExtension",
@@ -54,7 +54,7 @@ _TENSOR_KEY = "__tensor__"
 _HEAD = 8  # leading values stored per tensor: enough to spot a shifted or permuted result
 
 
-class GoldenFileError(HarnessError):
+class GoldenFileError(GoldenError):
     """A golden file that cannot be read (corrupted, truncated, hand-edited into invalid JSON)."""
 
 
@@ -338,8 +338,8 @@ class GoldenExtension(SingleFileSnapshotExtension):
 
 def _snapshot_names_used(test_names: Iterable[str]) -> Callable[[str], bool]:
     names = {SingleFileSnapshotExtension._sanitize_filename(name) for name in test_names}
-    # syrupy names a test's second and later snapshots (or a named one) "<test>.<index or name>".
-    return lambda stem: stem in names or any(stem.startswith(name + ".") for name in names)
+    # syrupy names a test's second and later snapshots "<test>.<index>", a named one "<test>[<name>]".
+    return lambda stem: stem in names or any(stem.startswith((name + ".", name + "[")) for name in names)
 
 
 def find_orphans(*, root: Path, collected: Mapping[str, Iterable[str]], scopes: Iterable[str]) -> list[Path]:

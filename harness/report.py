@@ -29,7 +29,7 @@ import torch
 from harness import golden, observations
 from harness.compare import tolerance_for
 
-__all__ = ["RunReport", "format_text", "format_markdown"]
+__all__ = ["RunReport", "format_text", "format_markdown", "annotations", "write_step_summary"]
 
 _WORKER_KEY = "harness_report"
 
@@ -258,3 +258,20 @@ def write_step_summary(text: str) -> None:
             handle.write(text)
     else:
         print(text, end="")
+
+
+def annotations(junit_path: str) -> list[str]:
+    """GitHub ``::error`` workflow commands, one per failed or erroring test of a JUnit XML file
+    (written with ``junit_family = xunit1``, which records each test's file and line)."""
+    import xml.etree.ElementTree as ElementTree
+
+    if not Path(junit_path).is_file():
+        return []
+    lines = []
+    for case in ElementTree.parse(junit_path).getroot().iter("testcase"):
+        for problem in [*case.findall("failure"), *case.findall("error")]:
+            message = (problem.get("message") or problem.text or "failed").strip().splitlines()[0][:300]
+            escape = lambda text: text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")  # noqa: E731
+            where = f"file={case.get('file')},line={int(case.get('line') or 0) + 1}," if case.get("file") else ""
+            lines.append(f"::error {where}title={escape(case.get('name', 'test'))}::{escape(message)}")
+    return lines

@@ -60,12 +60,14 @@ class GoldenFileError(GoldenError):
 
 @dataclasses.dataclass(frozen=True)
 class DriftEvent:
-    """A golden tensor whose bits differ from its device class's digest, or that has no digest yet."""
+    """A golden that moved: bits within tolerance, no digest for this class yet, or a real change."""
 
     golden: str  # the file
     where: str  # the tensor's path inside it
     device_class: str
-    kind: str  # "bits changed within tolerance" or "no digest for this device class"
+    # "bits changed within tolerance", "no digest for this device class", "changed beyond tolerance"
+    # (the test fails) or "rewritten by --snapshot-update"
+    kind: str
 
 
 @dataclasses.dataclass
@@ -314,9 +316,12 @@ class GoldenExtension(SingleFileSnapshotExtension):
             return True
 
         if not _walk_tensors(actual, expected, "", visit):
+            kind_of_change = "rewritten by --snapshot-update" if _SESSION.update else "changed beyond tolerance"
+            _SESSION.events.append(DriftEvent(location, "(file)", kind, kind_of_change))
             return False
         missing = [event for event in events if event.kind.startswith("no digest")]
         if _SESSION.update and missing:
+            _SESSION.events.append(DriftEvent(location, "(file)", kind, "digest recorded for this device class"))
             return False  # rewrite only to add this class's digests (merge_golden keeps the numbers)
         _SESSION.events.extend(events)
         return True

@@ -27,6 +27,7 @@ import enum
 import hashlib
 import json
 import math
+import unicodedata
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
@@ -341,8 +342,13 @@ class GoldenExtension(SingleFileSnapshotExtension):
         super().write_snapshot_collection(snapshot_collection=snapshot_collection, **kwargs)
 
 
+def _file_stem(test_name: str) -> str:
+    """The file name syrupy's single-file extensions give a test: path and control characters dropped."""
+    return "".join(c for c in test_name if c not in '\\/?*:|"<>' and not unicodedata.category(c).startswith("C"))
+
+
 def _snapshot_names_used(test_names: Iterable[str]) -> Callable[[str], bool]:
-    names = {SingleFileSnapshotExtension._sanitize_filename(name) for name in test_names}
+    names = {_file_stem(name) for name in test_names}
     # syrupy names a test's second and later snapshots "<test>.<index>", a named one "<test>[<name>]".
     return lambda stem: stem in names or any(stem.startswith((name + ".", name + "[")) for name in names)
 

@@ -27,9 +27,10 @@ import enum
 import hashlib
 import json
 import math
+import os
 import unicodedata
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import torch
 from syrupy.extensions.single_file import SingleFileSnapshotExtension, WriteMode
@@ -257,6 +258,39 @@ def merge_golden(new: Any, old: Any) -> Any:
     return new
 
 
+def _differences(actual: Any, expected: Any, where: str) -> Iterator[str]:
+    label = where or "(root)"
+    if isinstance(expected, dict) and _TENSOR_KEY in expected and isinstance(actual, dict) and _TENSOR_KEY in actual:
+        new, old = actual[_TENSOR_KEY], expected[_TENSOR_KEY]
+        for key in ("shape", "dtype"):
+            if new[key] != old[key]:
+                yield f"{label}.{key}: - {old[key]}  + {new[key]}"
+        if new["shape"] != old["shape"] or new["dtype"] != old["dtype"]:
+            return
+        tol = tolerance_for(getattr(torch, old["dtype"], torch.float64))
+        pairs = [(f"stats.{k}", new["stats"].get(k), old["stats"][k]) for k in old["stats"]]
+        pairs += [(f"head[{i}]", a, e) for i, (a, e) in enumerate(zip(new["head"], old["head"]))]
+        for name, a, e in pairs:
+            if a is None or not _close(a, e, old["dtype"]):
+                far = f" (|diff| {abs(a - e):.3g}, allowed {tol.atol + tol.rtol * abs(e):.3g} for {old['dtype']})" \
+                    if isinstance(a, (int, float)) and isinstance(e, (int, float)) else ""
+                yield f"{label}.{name}: - {e}  + {a}{far}"
+    elif isinstance(expected, dict) and isinstance(actual, dict):
+        for key in sorted(set(expected) | set(actual)):
+            inner = f"{where}.{key}" if where else key
+            if key not in actual:
+                yield f"{inner}: - {json.dumps(expected[key])}  + (missing)"
+            elif key not in expected:
+                yield f"{inner}: - (missing)  + {json.dumps(actual[key])}"
+            else:
+                yield from _differences(actual[key], expected[key], inner)
+    elif isinstance(expected, list) and isinstance(actual, list) and len(expected) == len(actual):
+        for i, (a, e) in enumerate(zip(actual, expected)):
+            yield from _differences(a, e, f"{where}[{i}]")
+    elif type(actual) is not type(expected) or actual != expected:
+        yield f"{label}: - {json.dumps(expected)}  + {json.dumps(actual)}"
+
+
 def _parse(text: str, location: str) -> Any:
     try:
         return json.loads(text)
@@ -326,6 +360,19 @@ class GoldenExtension(SingleFileSnapshotExtension):
             return False  # rewrite only to add this class's digests (merge_golden keeps the numbers)
         _SESSION.events.extend(events)
         return True
+
+    def diff_lines(self, serialized_data: Any, snapshot_data: Any) -> Iterator[str]:
+        """What changed, one line per value: numbers beyond tolerance with how far, plain data exactly."""
+        try:
+            actual, expected = json.loads(serialized_data), json.loads(snapshot_data)
+        except (TypeError, ValueError):
+            yield from super().diff_lines(serialized_data, snapshot_data)
+            return
+        lines = list(_differences(actual, expected, ""))
+        yield f"golden {os.path.relpath(getattr(self, '_last_location', '.'))}: {len(lines)} difference(s) (- golden, + now)"
+        yield from lines[:40]
+        if len(lines) > 40:
+            yield f"... and {len(lines) - 40} more"
 
     @classmethod
     def write_snapshot_collection(cls, *, snapshot_collection: Any, **kwargs: Any) -> None:

@@ -57,10 +57,19 @@ def _component(nodeid: str) -> str:
     return parts[0] if len(parts) > 1 else "(root)"
 
 
+def _harness_session(config: pytest.Config) -> Any:
+    """What the root conftest resolved (device, backend, implementations), or None outside this project."""
+    from harness import pytest_support
+
+    try:
+        return pytest_support.session_of(config)
+    except (KeyError, AttributeError):
+        return None
+
+
 def _setup(config: pytest.Config) -> dict[str, Any]:
-    # The device, backend and implementations as the root conftest resolved them.
-    device = getattr(config, "harness_device", None)
-    backend = getattr(config, "harness_backend", None)
+    session = _harness_session(config)
+    device = getattr(session, "device", None)
     try:
         import transformers
         transformers_version = transformers.__version__
@@ -69,10 +78,10 @@ def _setup(config: pytest.Config) -> dict[str, Any]:
     return {
         "device": str(device) if device is not None else "unknown",
         "device_class": golden.device_class(device) if device is not None and golden else str(device),
-        "graph_backend": getattr(backend, "name", "unknown"),
+        "graph_backend": getattr(getattr(session, "backend", None), "name", "unknown"),
         "torch": torch.__version__,
         "transformers": transformers_version,
-        "implementations": dict(getattr(config, "harness_impls", {}) or {}) or "reference",
+        "implementations": dict(getattr(session, "impl_specs", {}) or {}) or "reference",
     }
 
 
@@ -88,7 +97,7 @@ class RunReport:
         self.orphans: list[str] = []
         self.deleted: list[str] = []
         self.report: dict[str, Any] | None = None
-        device = getattr(config, "harness_device", None)
+        device = getattr(_harness_session(config), "device", None)
         if golden is not None:
             golden.configure_goldens(device_class=golden.device_class(device) if device is not None else "cpu",
                                      update=bool(config.getoption("--snapshot-update", False)))

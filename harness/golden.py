@@ -419,6 +419,8 @@ def find_orphans(*, root: Path, collected: Mapping[str, Iterable[str]], scopes: 
         if not folder.is_dir():
             continue
         for path in sorted(folder.rglob("*.json")):
+            if not path.parent.name.startswith("test_"):
+                continue  # not a snapshot (those live in a folder per test module): e.g. selfcheck's kill matrix
             module_dir = path.parent.relative_to(golden_root)  # runner/test_goldens
             module = Path("suites") / module_dir
             if not (suites_root / module_dir).with_suffix(".py").is_file():

@@ -172,12 +172,16 @@ def test_orphaned_golden_fails_the_run_also_for_a_given_folder(project, path_arg
     orphan.write_text("{}\n")
     stale = project.path / "golden/demo/test_demo/test_renamed.json"
     stale.write_text("{}\n")
+    other_tool = project.path / "golden/selfcheck/kill_matrix.json"  # written by selfcheck, not a snapshot
+    other_tool.parent.mkdir(parents=True)
+    other_tool.write_text("{}\n")
     result = project.runpytest("-p", "no:cacheprovider", *path_argument)
     assert result.ret == 1
+    assert "kill_matrix" not in result.stdout.str()
     result.stdout.fnmatch_lines(["*ORPHANED golden golden/demo/test_demo/test_renamed.json*",
                                  "*ORPHANED golden golden/demo/test_removed/test_gone.json*"])
     project.runpytest("-p", "no:cacheprovider", "--snapshot-update", *path_argument)
-    assert not orphan.exists() and not stale.exists()
+    assert not orphan.exists() and not stale.exists() and other_tool.exists()
 
 
 def test_a_deselected_test_still_owns_its_golden(project):

@@ -16,6 +16,9 @@ from harness.graphs import GraphBackend
 
 pytest_support.register_hypothesis_profiles()
 
+# The run report (and the orphaned-golden check) is a plugin of its own.
+pytest_plugins = ["harness.report"]
+
 
 def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
     pytest_support.add_options(parser, pluginmanager)

@@ -3,6 +3,7 @@
     python -m harness list [--component C ...]
     python -m harness selfcheck [--component C ...] [--graph-backend B] [--device D] [--jobs N] [--json PATH]
     python -m harness bench runner|gather|tolerance [options; --help lists each benchmark's own]
+    python -m harness report [--run-report PATH] [--selfcheck PATH] [--annotate JUNIT_XML]  (CI step summary)
 """
 
 from __future__ import annotations
@@ -78,9 +79,47 @@ def _selfcheck(arguments: argparse.Namespace) -> int:
     print(f"whole matrix: {wall:.0f} s")
     if arguments.json:
         selfcheck.write_json(outcomes, arguments.json, wall_seconds=round(wall, 1))
+    moved = _kill_matrix_changes(root, outcomes) if arguments.check_kill_matrix else []
     if not arguments.keep_hints:
         selfcheck.write_hints(root, outcomes)
-    return 0 if all(o.ok for o in outcomes) else 1
+    return 0 if all(o.ok for o in outcomes) and not moved else 1
+
+
+def _kill_matrix_changes(root: Path, outcomes: list) -> list[str]:
+    """Print how the killing tests differ from the committed kill matrix (the golden)."""
+    from harness import kill_matrix
+
+    moved = kill_matrix.changes(root, outcomes)
+    for line in moved:
+        print(f"kill matrix changed: {line}")
+    if moved:
+        print("a suite change moved what kills these mutants: review the rewritten golden/selfcheck/kill_matrix.json "
+              "and commit it if intended")
+    return moved
+
+
+def _report(arguments: argparse.Namespace) -> int:
+    """Render a --harness-report JSON and/or a selfcheck --json as Markdown (for a CI step summary)."""
+    import json
+
+    from harness.report import annotations, format_markdown, write_step_summary
+
+    def read(path: str | None):
+        if not path:
+            return None
+        if not Path(path).is_file():  # an earlier step failed before writing it: say so, keep going
+            print(f"(no {path}: the step that writes it did not finish)")
+            return None
+        try:
+            return json.loads(Path(path).read_text())
+        except ValueError as error:
+            raise HarnessError(f"cannot read {path}: {error}") from None
+
+    write_step_summary(format_markdown(read(arguments.run_report), read(arguments.selfcheck)))
+    for junit in arguments.annotate or []:
+        for line in annotations(junit):
+            print(line)
+    return 0
 
 
 def _bench(rest: list[str]) -> int:
@@ -116,6 +155,13 @@ def main(argv: list[str] | None = None, *, prog: str | None = None) -> int:
     check.add_argument("--json", help="also write the kill matrix as JSON here (with seconds to kill per run)")
     check.add_argument("--keep-hints", action="store_true",
                        help="do not rewrite golden/selfcheck/kill_matrix.json (which test killed each mutant)")
+    check.add_argument("--check-kill-matrix", action="store_true",
+                       help="fail when a mutant's killing test differs from golden/selfcheck/kill_matrix.json")
+    summary = commands.add_parser("report", help="a run report and/or kill matrix as Markdown ($GITHUB_STEP_SUMMARY)")
+    summary.add_argument("--run-report", metavar="PATH", help="JSON written by pytest --harness-report")
+    summary.add_argument("--selfcheck", metavar="PATH", help="JSON written by selfcheck --json")
+    summary.add_argument("--annotate", metavar="JUNIT_XML", action="append",
+                         help="print a GitHub error annotation for each failed test in this JUnit XML (repeatable)")
     commands.add_parser("bench", help="benchmarks that print a table and write JSON (bench --help)", add_help=False)
     arguments, rest = parser.parse_known_args(argv)
     if arguments.command != "bench" and rest:
@@ -125,6 +171,8 @@ def main(argv: list[str] | None = None, *, prog: str | None = None) -> int:
             return _list(arguments)
         if arguments.command == "selfcheck":
             return _selfcheck(arguments)
+        if arguments.command == "report":
+            return _report(arguments)
         return _bench(rest)
     except HarnessError as error:
         print(f"error: {error}", file=sys.stderr)

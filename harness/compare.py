@@ -14,6 +14,7 @@ from typing import Any, Mapping
 
 import torch
 
+from harness import observations
 from harness.errors import MismatchError
 
 __all__ = ["Tolerance", "TOLERANCES", "tolerance_for", "bitwise_expected", "assert_equivalent",
@@ -111,6 +112,8 @@ def describe_mismatch(actual: torch.Tensor, expected: torch.Tensor, *, exact: bo
         mode = f"rtol={rtol:g}, atol={atol:g} ({tol.why})"
     count = int(mismatch.sum())
     if count == 0:
+        if mode != "bitwise":  # how close passing results come to the tolerance (a failure reports itself)
+            _observe(actual_cpu, expected_cpu, tolerance_for(expected.dtype))
         return None
     total = mismatch.numel()
     if actual_cpu.dtype == torch.bool:
@@ -126,6 +129,19 @@ def describe_mismatch(actual: torch.Tensor, expected: torch.Tensor, *, exact: bo
         f"greatest absolute difference {float(diff.flatten()[flat_index]):.6g} at index {index} "
         f"(actual {got!r}, expected {want!r}); shape {tuple(actual.shape)}, dtype {actual.dtype}"
     )
+
+
+def _observe(actual: torch.Tensor, expected: torch.Tensor, tol: Tolerance) -> None:
+    """Feed the run report: the largest error of a passing tolerance comparison, and its share of the
+    tolerance. Failing comparisons are left out: tests that expect a mismatch (mutant detectors,
+    pytest.raises) would otherwise report their deliberate errors as the run's largest."""
+    diff = (actual.to(torch.float64) - expected.to(torch.float64)).abs()
+    finite = torch.isfinite(diff)
+    if not bool(finite.any()):
+        return
+    allowed = tol.atol + tol.rtol * expected.to(torch.float64).abs()
+    observations.record_error(str(expected.dtype).removeprefix("torch."), max_abs_error=float(diff[finite].max()),
+                              tolerance_used=float((diff[finite] / allowed[finite]).max()))
 
 
 def _walk(actual: Any, expected: Any, *, exact: bool, where: str, problems: list[str]) -> None:

@@ -16,6 +16,7 @@ __all__ = [
     "BucketError",
     "GatherContractError",
     "MismatchError",
+    "GoldenError",
 ]
 
 
@@ -61,3 +62,7 @@ class GatherContractError(HarnessError, ValueError):
 
 class MismatchError(HarnessError, AssertionError):
     """Actual and expected values differ beyond the allowed tolerance."""
+
+
+class GoldenError(HarnessError):
+    """A golden file (snapshot or kill matrix) that cannot be read: corrupted, truncated, hand-broken."""

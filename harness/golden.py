@@ -2,11 +2,20 @@
 
 :class:`GoldenExtension` writes one JSON file per snapshot under ``golden/``, mirroring
 ``suites/`` (``suites/runner/test_x.py`` -> ``golden/runner/test_x/<test name>.json``). Plain data
-(discovery results, capture plans) is compared exactly. A tensor is stored as its shape, dtype,
-summary statistics, its first values and a digest of its bits; matching compares shape and dtype
-exactly and the statistics and first values within :func:`harness.compare.tolerance_for` its
-dtype, so a GPU may reproduce a CPU golden. The digest is informational (it says whether the bits
-changed) and never decides a match. No pickles: every golden is text a reviewer can read.
+(discovery results, capture plans, compile counts) is compared exactly. A tensor is stored as its
+shape, dtype, summary statistics and first values, rounded to what its dtype's tolerance
+(:func:`harness.compare.tolerance_for`) can tell apart, plus one sha256 of its bits per device
+class (``cpu``, ``cuda-sm90``, ...). Matching compares shape and dtype exactly and the numbers
+within the tolerance, so one golden serves both device classes; the digest never decides a match:
+
+- a result within tolerance never rewrites its golden, so ``--snapshot-update`` on an unchanged
+  tree changes no file, whatever machine or thread count regenerates it;
+- a device class without a digest gets one on ``--snapshot-update`` (only the digest is added);
+- a run whose bits differ from its class's digest, within tolerance, is reported as "bits changed
+  within tolerance" (:func:`drift_events`, shown in the run report), not failed nor rewritten.
+
+Corrupted or truncated golden files fail with a message naming the file. :func:`find_orphans`
+lists golden files no collected test owns. No pickles: every golden is text a reviewer can read.
 
 Update goldens deliberately with ``pytest ... --snapshot-update`` and review the diff.
 """
@@ -18,23 +27,106 @@ import enum
 import hashlib
 import json
 import math
+import os
+import unicodedata
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import torch
 from syrupy.extensions.single_file import SingleFileSnapshotExtension, WriteMode
 
 from harness.compare import tolerance_for
+from harness.errors import GoldenError
 
-__all__ = ["GoldenExtension", "to_golden", "tensor_summary", "golden_matches"]
+__all__ = [
+    "GoldenExtension",
+    "GoldenFileError",
+    "DriftEvent",
+    "to_golden",
+    "tensor_summary",
+    "golden_matches",
+    "merge_golden",
+    "device_class",
+    "configure_goldens",
+    "drift_events",
+    "find_orphans",
+]
 
 _TENSOR_KEY = "__tensor__"
 _HEAD = 8  # leading values stored per tensor: enough to spot a shifted or permuted result
 
 
-def tensor_summary(tensor: torch.Tensor) -> dict[str, Any]:
-    """Shape, dtype, statistics (in float64), first values and a sha256 of the raw bits."""
+class GoldenFileError(GoldenError):
+    """A golden file that cannot be read (corrupted, truncated, hand-edited into invalid JSON)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DriftEvent:
+    """A golden that moved: bits within tolerance, no digest for this class yet, or a real change."""
+
+    golden: str  # the file
+    where: str  # the tensor's path inside it
+    device_class: str
+    # "bits changed within tolerance", "no digest for this device class", "changed beyond tolerance"
+    # (the test fails) or "rewritten by --snapshot-update"
+    kind: str
+
+
+@dataclasses.dataclass
+class _Session:
+    device_class: str = "cpu"
+    update: bool = False
+    events: list[DriftEvent] = dataclasses.field(default_factory=list)
+
+
+_SESSION = _Session()
+
+
+def device_class(device: torch.device | str) -> str:
+    """``cpu``, or ``cuda-sm<major><minor>``: devices of one class should give the same bits."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return device.type
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"cuda-sm{major}{minor}"
+
+
+def configure_goldens(*, device_class: str, update: bool) -> None:
+    """Called once per pytest process: the class whose digests this run checks, and update mode."""
+    _SESSION.device_class, _SESSION.update = device_class, update
+    _SESSION.events.clear()
+
+
+def drift_events() -> list[DriftEvent]:
+    """Goldens of this process whose bits moved within tolerance, or that lack this class's digest."""
+    return list(_SESSION.events)
+
+
+def _quantum(value: float, dtype_name: str) -> float:
+    """The decimal step below which the tolerance cannot tell values apart (0: store exactly)."""
+    tol = tolerance_for(getattr(torch, dtype_name, torch.float64))
+    allowed = tol.atol + tol.rtol * abs(value)
+    if allowed <= 0 or not math.isfinite(value):
+        return 0.0
+    # A tenth of the tolerance, down to a power of ten: rounding costs at most 5% of it.
+    return 10.0 ** math.floor(math.log10(allowed / 10))
+
+
+def _rounded(value: float, dtype_name: str) -> float | str:
+    if not math.isfinite(value):
+        return repr(value)
+    step = _quantum(value, dtype_name)
+    if step == 0.0:
+        return value
+    decimals = max(0, -int(round(math.log10(step))))
+    result = round(value, decimals) if decimals else float(round(value / step) * step)
+    return result + 0.0  # no "-0.0" in a file
+
+
+def tensor_summary(tensor: torch.Tensor, *, device_kind: str | None = None) -> dict[str, Any]:
+    """Shape, dtype, rounded statistics (in float64), first values and a sha256 of the raw bits."""
     data = tensor.detach().cpu().contiguous()
+    dtype_name = str(data.dtype).removeprefix("torch.")
     values = data.to(torch.float64).flatten() if data.numel() else torch.zeros(0, dtype=torch.float64)
     stats = {}
     if values.numel():
@@ -45,20 +137,33 @@ def tensor_summary(tensor: torch.Tensor) -> dict[str, Any]:
             "min": float(values.min()),
             "max": float(values.max()),
         }
+    digest = hashlib.sha256(data.view(torch.uint8).numpy().tobytes()).hexdigest() if data.numel() else ""
     return {
         _TENSOR_KEY: {
             "shape": list(data.shape),
-            "dtype": str(data.dtype).removeprefix("torch."),
-            "stats": stats,
-            "head": [float(v) for v in values[:_HEAD]],
-            "sha256": hashlib.sha256(data.view(torch.uint8).numpy().tobytes()).hexdigest()
-            if data.numel() else "",
+            "dtype": dtype_name,
+            "stats": {key: _rounded(value, dtype_name) for key, value in stats.items()},
+            "head": [_rounded(float(v), dtype_name) for v in values[:_HEAD]],
+            "sha256": {device_kind or _SESSION.device_class: digest},
         }
     }
 
 
-def to_golden(value: Any) -> Any:
-    """Plain JSON data for ``value``: tensors summarised, dataclasses as dicts, enums as values."""
+PropertyFilter = Callable[..., bool]
+PropertyMatcher = Callable[..., Any]
+
+
+def to_golden(value: Any, *, exclude: PropertyFilter | None = None, include: PropertyFilter | None = None,
+              matcher: PropertyMatcher | None = None, _path: tuple = ()) -> Any:
+    """Plain JSON data for ``value``: tensors summarised, dataclasses as dicts, enums as values.
+
+    ``exclude``, ``include`` and ``matcher`` are syrupy's property hooks (``syrupy.filters.props``,
+    ``paths``, ``syrupy.matchers.path_type``): called with the property name and its path of
+    ``(name, type)`` pairs, as syrupy's own serializers call them.
+    """
+    if matcher is not None:
+        value = matcher(data=value, path=_path)
+    options = dict(exclude=exclude, include=include, matcher=matcher)
     if isinstance(value, torch.Tensor):
         return tensor_summary(value)
     if isinstance(value, enum.Enum):
@@ -66,26 +171,41 @@ def to_golden(value: Any) -> Any:
     if isinstance(value, torch.dtype):
         return str(value).removeprefix("torch.")
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: to_golden(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, dict):
-        return {str(key): to_golden(item) for key, item in value.items()}
+        value = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    if isinstance(value, Mapping):
+        result = {}
+        for key, item in value.items():
+            if exclude is not None and exclude(prop=key, path=_path):
+                continue
+            if include is not None and not include(prop=key, path=_path):
+                continue
+            result[str(key)] = to_golden(item, **options, _path=(*_path, (key, type(item))))
+        return result
     if isinstance(value, (list, tuple)):
-        return [to_golden(item) for item in value]
+        return [to_golden(item, **options, _path=(*_path, (index, type(item))))
+                for index, item in enumerate(value)
+                if not (exclude is not None and exclude(prop=index, path=_path))]
     if value is None or isinstance(value, (bool, int, str)):
         return value
     if isinstance(value, float):
         return value if math.isfinite(value) else repr(value)
     if isinstance(value, torch.nn.Module):
         return type(value).__name__
+    if type(value).__name__ == "Repr":  # what syrupy's path_type matcher puts in place of a value
+        return str(value)
     raise TypeError(f"cannot store a {type(value).__name__} in a golden; convert it to plain data first")
 
 
-def _close(actual: float, expected: float, dtype_name: str) -> bool:
+def _close(actual: Any, expected: Any, dtype_name: str) -> bool:
+    if isinstance(actual, str) or isinstance(expected, str):  # inf / nan stored as their repr
+        return actual == expected
     tol = tolerance_for(getattr(torch, dtype_name, torch.float64))
-    return math.isclose(actual, expected, rel_tol=tol.rtol, abs_tol=tol.atol) or actual == expected
+    # Both sides were rounded to the quantum: allow one step on top of the tolerance.
+    slack = _quantum(expected, dtype_name)
+    return actual == expected or abs(actual - expected) <= tol.atol + tol.rtol * abs(expected) + slack
 
 
-def _tensor_matches(actual: dict[str, Any], expected: dict[str, Any]) -> bool:
+def _tensor_values_match(actual: dict[str, Any], expected: dict[str, Any]) -> bool:
     if actual["shape"] != expected["shape"] or actual["dtype"] != expected["dtype"]:
         return False
     if set(actual["stats"]) != set(expected["stats"]) or len(actual["head"]) != len(expected["head"]):
@@ -95,18 +215,93 @@ def _tensor_matches(actual: dict[str, Any], expected: dict[str, Any]) -> bool:
     return all(_close(a, e, expected["dtype"]) for a, e in pairs)
 
 
-def golden_matches(actual: Any, expected: Any) -> bool:
-    """Exact for plain data; tensors (``{"__tensor__": ...}``) within their dtype's tolerance."""
+def _walk_tensors(actual: Any, expected: Any, where: str,
+                  visit: Callable[[str, dict[str, Any], dict[str, Any]], bool]) -> bool:
+    """Exact comparison of plain data; ``visit`` decides each pair of tensor summaries."""
     if isinstance(expected, dict) and _TENSOR_KEY in expected:
         return (isinstance(actual, dict) and _TENSOR_KEY in actual
-                and _tensor_matches(actual[_TENSOR_KEY], expected[_TENSOR_KEY]))
+                and visit(where, actual[_TENSOR_KEY], expected[_TENSOR_KEY]))
     if isinstance(expected, dict):
         return isinstance(actual, dict) and set(actual) == set(expected) and all(
-            golden_matches(actual[k], expected[k]) for k in expected)
+            _walk_tensors(actual[k], expected[k], f"{where}.{k}" if where else k, visit) for k in expected)
     if isinstance(expected, list):
         return isinstance(actual, list) and len(actual) == len(expected) and all(
-            golden_matches(a, e) for a, e in zip(actual, expected))
+            _walk_tensors(a, e, f"{where}[{i}]", visit) for i, (a, e) in enumerate(zip(actual, expected)))
     return type(actual) is type(expected) and actual == expected
+
+
+def golden_matches(actual: Any, expected: Any) -> bool:
+    """Exact for plain data; tensors (``{"__tensor__": ...}``) within their dtype's tolerance."""
+    return _walk_tensors(actual, expected, "", lambda _, a, e: _tensor_values_match(a, e))
+
+
+def _digests(summary: Mapping[str, Any]) -> dict[str, str]:
+    digest = summary.get("sha256", {})
+    return dict(digest) if isinstance(digest, Mapping) else {}
+
+
+def merge_golden(new: Any, old: Any) -> Any:
+    """What ``--snapshot-update`` writes: ``new``, except that a tensor within tolerance of its old
+    summary keeps the old numbers and digests (adding the digests ``new`` brings for its class)."""
+    if isinstance(new, dict) and _TENSOR_KEY in new:
+        if isinstance(old, dict) and _TENSOR_KEY in old and _tensor_values_match(new[_TENSOR_KEY], old[_TENSOR_KEY]):
+            kept = dict(old[_TENSOR_KEY])
+            kept["sha256"] = {**_digests(old[_TENSOR_KEY]), **_digests(new[_TENSOR_KEY])}
+            return {_TENSOR_KEY: kept}
+        return new  # changed beyond tolerance: the other classes' digests describe the old numbers
+    if isinstance(new, dict):
+        old = old if isinstance(old, dict) else {}
+        return {key: merge_golden(value, old.get(key)) for key, value in new.items()}
+    if isinstance(new, list):
+        old = old if isinstance(old, list) and len(old) == len(new) else [None] * len(new)
+        return [merge_golden(a, b) for a, b in zip(new, old)]
+    return new
+
+
+def _differences(actual: Any, expected: Any, where: str) -> Iterator[str]:
+    label = where or "(root)"
+    if isinstance(expected, dict) and _TENSOR_KEY in expected and isinstance(actual, dict) and _TENSOR_KEY in actual:
+        new, old = actual[_TENSOR_KEY], expected[_TENSOR_KEY]
+        for key in ("shape", "dtype"):
+            if new[key] != old[key]:
+                yield f"{label}.{key}: - {old[key]}  + {new[key]}"
+        if new["shape"] != old["shape"] or new["dtype"] != old["dtype"]:
+            return
+        tol = tolerance_for(getattr(torch, old["dtype"], torch.float64))
+        pairs = [(f"stats.{k}", new["stats"].get(k), old["stats"][k]) for k in old["stats"]]
+        pairs += [(f"head[{i}]", a, e) for i, (a, e) in enumerate(zip(new["head"], old["head"]))]
+        for name, a, e in pairs:
+            if a is None or not _close(a, e, old["dtype"]):
+                far = f" (|diff| {abs(a - e):.3g}, allowed {tol.atol + tol.rtol * abs(e):.3g} for {old['dtype']})" \
+                    if isinstance(a, (int, float)) and isinstance(e, (int, float)) else ""
+                yield f"{label}.{name}: - {e}  + {a}{far}"
+    elif isinstance(expected, dict) and isinstance(actual, dict):
+        for key in sorted(set(expected) | set(actual)):
+            inner = f"{where}.{key}" if where else key
+            if key not in actual:
+                yield f"{inner}: - {json.dumps(expected[key])}  + (missing)"
+            elif key not in expected:
+                yield f"{inner}: - (missing)  + {json.dumps(actual[key])}"
+            else:
+                yield from _differences(actual[key], expected[key], inner)
+    elif isinstance(expected, list) and isinstance(actual, list) and len(expected) == len(actual):
+        for i, (a, e) in enumerate(zip(actual, expected)):
+            yield from _differences(a, e, f"{where}[{i}]")
+    elif type(actual) is not type(expected) or actual != expected:
+        yield f"{label}: - {json.dumps(expected)}  + {json.dumps(actual)}"
+
+
+def _parse(text: str, location: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as error:
+        raise GoldenFileError(
+            f"golden file {location} is not valid JSON ({error}): it is corrupted or truncated; restore it "
+            "with `git checkout -- <file>`, or delete it and regenerate with --snapshot-update") from None
+
+
+def _dump(data: Any) -> str:
+    return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
 
 class GoldenExtension(SingleFileSnapshotExtension):
@@ -128,11 +323,110 @@ class GoldenExtension(SingleFileSnapshotExtension):
         root, inner = Path(*parts[:index]), Path(*parts[index + 1:-1])
         return str(root / "golden" / inner / test_location.basename)
 
-    def serialize(self, data: Any, **_: Any) -> str:
-        return json.dumps(to_golden(data), indent=2, sort_keys=True) + "\n"
+    def serialize(self, data: Any, *, exclude: PropertyFilter | None = None, include: PropertyFilter | None = None,
+                  matcher: PropertyMatcher | None = None, **_: Any) -> str:
+        return _dump(to_golden(data, exclude=exclude, include=include, matcher=matcher))
+
+    def read_snapshot_data_from_location(self, *, snapshot_location: str, **kwargs: Any) -> Any:
+        text = super().read_snapshot_data_from_location(snapshot_location=snapshot_location, **kwargs)
+        if text is not None:
+            _parse(text, snapshot_location)  # fail here, naming the file, not deep inside a comparison
+        self._last_location = snapshot_location  # matches() is called next, for this file
+        return text
 
     def matches(self, *, serialized_data: Any, snapshot_data: Any) -> bool:
+        location = getattr(self, "_last_location", "golden")
+        actual, expected = json.loads(serialized_data), _parse(snapshot_data, location)
+        events: list[DriftEvent] = []
+        kind = _SESSION.device_class
+
+        def visit(where: str, new: dict[str, Any], old: dict[str, Any]) -> bool:
+            if not _tensor_values_match(new, old):
+                return False
+            recorded, current = _digests(old).get(kind), _digests(new).get(kind)
+            if recorded is None:
+                events.append(DriftEvent(location, where or "(root)", kind, "no digest for this device class"))
+            elif recorded != current:
+                events.append(DriftEvent(location, where or "(root)", kind, "bits changed within tolerance"))
+            return True
+
+        if not _walk_tensors(actual, expected, "", visit):
+            kind_of_change = "rewritten by --snapshot-update" if _SESSION.update else "changed beyond tolerance"
+            _SESSION.events.append(DriftEvent(location, "(file)", kind, kind_of_change))
+            return False
+        missing = [event for event in events if event.kind.startswith("no digest")]
+        if _SESSION.update and missing:
+            _SESSION.events.append(DriftEvent(location, "(file)", kind, "digest recorded for this device class"))
+            return False  # rewrite only to add this class's digests (merge_golden keeps the numbers)
+        _SESSION.events.extend(events)
+        return True
+
+    def diff_lines(self, serialized_data: Any, snapshot_data: Any) -> Iterator[str]:
+        """What changed, one line per value: numbers beyond tolerance with how far, plain data exactly."""
         try:
-            return golden_matches(json.loads(serialized_data), json.loads(snapshot_data))
-        except (TypeError, ValueError):  # not JSON (an old or hand-edited file): compare the text
-            return serialized_data == snapshot_data
+            actual, expected = json.loads(serialized_data), json.loads(snapshot_data)
+        except (TypeError, ValueError):
+            yield from super().diff_lines(serialized_data, snapshot_data)
+            return
+        lines = list(_differences(actual, expected, ""))
+        yield f"golden {os.path.relpath(getattr(self, '_last_location', '.'))}: {len(lines)} difference(s) (- golden, + now)"
+        yield from lines[:40]
+        if len(lines) > 40:
+            yield f"... and {len(lines) - 40} more"
+
+    @classmethod
+    def write_snapshot_collection(cls, *, snapshot_collection: Any, **kwargs: Any) -> None:
+        location = Path(snapshot_collection.location)
+        snapshot = next(iter(snapshot_collection))
+        if location.is_file():
+            try:
+                old = json.loads(location.read_text())
+            except ValueError:
+                old = None  # an unreadable golden being replaced on purpose
+            if old is not None:
+                merged = _dump(merge_golden(json.loads(snapshot.data), old))
+                snapshot_collection.add(dataclasses.replace(snapshot, data=merged))
+        super().write_snapshot_collection(snapshot_collection=snapshot_collection, **kwargs)
+
+
+def _file_stem(test_name: str) -> str:
+    """The file name syrupy's single-file extensions give a test: path and control characters dropped."""
+    return "".join(c for c in test_name if c not in '\\/?*:|"<>' and not unicodedata.category(c).startswith("C"))
+
+
+def _snapshot_names_used(test_names: Iterable[str]) -> Callable[[str], bool]:
+    names = {_file_stem(name) for name in test_names}
+    # syrupy names a test's second and later snapshots "<test>.<index>", a named one "<test>[<name>]".
+    return lambda stem: stem in names or any(stem.startswith((name + ".", name + "[")) for name in names)
+
+
+def find_orphans(*, root: Path, collected: Mapping[str, Iterable[str]], scopes: Iterable[str]) -> list[Path]:
+    """Golden files no test owns, within the suite folders or modules that were run.
+
+    ``collected`` maps a test module (``suites/runner/test_goldens.py``, relative to ``root``) to
+    the names of its collected tests (before any ``-k`` deselection); ``scopes`` are the suite
+    folders or modules given on the command line. A golden is an orphan when its module is gone
+    from a folder in scope, or its module was collected and has no test of that name.
+    """
+    golden_root, suites_root = root / "golden", root / "suites"
+    orphans: list[Path] = []
+    modules = {Path(module).with_suffix(""): _snapshot_names_used(names) for module, names in collected.items()}
+    for scope in sorted(set(scopes)):
+        relative = Path(scope).relative_to("suites") if Path(scope).parts[:1] == ("suites",) else None
+        if relative is None:
+            continue
+        folder = golden_root / relative.with_suffix("") if scope.endswith(".py") else golden_root / relative
+        if not folder.is_dir():
+            continue
+        for path in sorted(folder.rglob("*.json")):
+            if not path.parent.name.startswith("test_"):
+                continue  # not a snapshot (those live in a folder per test module): e.g. selfcheck's kill matrix
+            module_dir = path.parent.relative_to(golden_root)  # runner/test_goldens
+            module = Path("suites") / module_dir
+            if not (suites_root / module_dir).with_suffix(".py").is_file():
+                orphans.append(path)  # the test module was deleted or renamed
+            elif module in modules and not modules[module](path.stem):
+                orphans.append(path)
+    return sorted(set(orphans))
+
+

@@ -60,7 +60,7 @@ def session_of(config: pytest.Config) -> HarnessSession:
 
 
 SYRUPY_MISSING = ("golden tests need syrupy, which is not installed in this environment: "
-                  "pip install 'syrupy>=4.6' (or reinstall the harness: pip install -e .)")
+                  "pip install 'syrupy>=5.0' (or reinstall the harness: pip install -e .)")
 
 
 def add_options(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager | None = None) -> None:

@@ -72,7 +72,7 @@ _USAGE_CASES = {
     "blob-malformed": (["--reproduce-failure", "not a blob"], {}, 4, r"expected VERSION:BLOB"),
     "blob-several-tests": (["--reproduce-failure", "1.0:AAAA"], {}, 4, r"one test's example, but \d+ tests"),
     "snapshot-update-without-syrupy": (["--snapshot-update"], {}, 4,
-                                       r"--snapshot-update: golden tests need syrupy.*pip install 'syrupy>=4.6'"),
+                                       r"--snapshot-update: golden tests need syrupy.*pip install 'syrupy>=5.0'"),
     "golden-without-syrupy": ([], {}, 1, None),
 }
 if not torch.cuda.is_available():  # asking for a GPU is only an error where there is none
@@ -117,7 +117,7 @@ def test_golden_test_without_syrupy_names_it_and_the_install_command(usage_resul
     "recursive dependency involving fixture 'snapshot'"."""
     result = usage_results["golden-without-syrupy"]
     assert result["rc"] == 1 and "recursive dependency" not in result["out"], result["out"]
-    assert re.search(r"^golden tests need syrupy, which is not installed .*pip install 'syrupy>=4.6'",
+    assert re.search(r"^golden tests need syrupy, which is not installed .*pip install 'syrupy>=5.0'",
                      result["out"], re.MULTILINE), result["out"]
 
 

@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import torch
 from torch import nn
 
+from harness import observations
 from harness.errors import BucketError, CaptureError, ReplayError
 from harness.graphs import BreakableGraph
 from harness.batch import ForwardBatch, HiddenMode, forward_context, select_bucket, validate_buckets
@@ -268,6 +269,7 @@ class LayerStackRunner:
         if self.can_run(batch):
             return self.replay(batch)
         self.stats.eager_fallbacks += 1
+        observations.count("runner.eager_fallbacks")
         return self.run_eagerly(batch)
 
     def run_eagerly(self, batch: ForwardBatch) -> Any:
@@ -303,6 +305,7 @@ class LayerStackRunner:
         finally:
             self._in_replay = False
         self.stats.replays += 1
+        observations.count("runner.replays")
         self.stats.replays_by_bucket[bucket] = self.stats.replays_by_bucket.get(bucket, 0) + 1
         return self.hand_out(self.slice_output(output, bucket=bucket, num_tokens=batch.num_tokens))
 

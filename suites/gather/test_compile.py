@@ -3,7 +3,8 @@
 After ``torch._dynamo.reset()``, a stream of index counts (0, 1, 2, 3, 17, 777, ...) with and without
 hidden states, under dynamo's default recompile limit, must compile at most
 :data:`~harness.gather.COMPILED_GRAPH_BUDGET` graphs, never fall back to eager (a failed frame, a graph
-break, or the recompile limit), and a second pass over the same stream must compile nothing.
+break, or the recompile limit), and a second pass over the same stream must compile nothing. The
+reference's exact counts are a golden per torch minor version (``golden/gather/test_compile/``).
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ def _run_stream(gather, case, inputs, device, failure_context, *, generator: tor
                                                       with_hidden=with_hidden))
 
 
-def test_index_count_stream_compiles_a_bounded_number_of_graphs(gather_function, implementation_under_test, device, failure_context):
+def test_index_count_stream_compiles_a_bounded_number_of_graphs(gather_function, implementation_under_test, device,
+                                                                failure_context, snapshot):
     candidate_name = implementation_under_test("gather").name
     torch._dynamo.reset()  # count this candidate's graphs only, whatever ran before in this process
     case = GatherCase(pool=1024, count=0, seed=9)
@@ -55,3 +57,10 @@ def test_index_count_stream_compiles_a_bounded_number_of_graphs(gather_function,
     assert second.graphs == 0 and not second.fell_back, (
         f"{candidate_name}: replaying the same stream after warm-up compiled {second.graphs} more graphs "
         f"({second.failed_frames} failed frames, {second.graph_breaks} graph breaks): guards are too specific")
+    if implementation_under_test("gather").kind == "reference":
+        # The budget is the contract for every implementation; the golden pins the reference's exact
+        # accounting per torch minor version, so a torch upgrade that changes it is a visible diff.
+        minor = ".".join(torch.__version__.split("+")[0].split(".")[:2])
+        accounting = {"graphs": first.graphs, "failed_frames": first.failed_frames, "graph_breaks": first.graph_breaks,
+                      "recompiled_on_second_pass": second.graphs}
+        assert accounting == snapshot(name=f"torch-{minor}")

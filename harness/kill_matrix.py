@@ -1,0 +1,47 @@
+"""The kill matrix as a golden: did the committed killing test of each mutant change?
+
+``golden/selfcheck/kill_matrix.json`` (:data:`harness.selfcheck.HINTS_PATH`, written by
+:func:`harness.selfcheck.write_hints`) holds one entry per mutant and graph backend: component,
+mutant, backend and the test that killed it. Selfcheck rewrites it after every run, so a suite
+change that makes a mutant die by another test, or not at all, is a diff of that file;
+``selfcheck --check-kill-matrix`` also fails the run on such a change, before the file is rewritten,
+so CI notices without looking at the working tree:
+
+    python -m harness selfcheck --graph-backend emulated --check-kill-matrix
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterable
+
+from harness.errors import GoldenError
+
+__all__ = ["changes"]
+
+
+def _recorded(root: Path) -> dict[tuple[str, str, str], str]:
+    from harness.selfcheck import HINTS_PATH, read_hints
+
+    try:
+        return read_hints(root)
+    except (ValueError, KeyError, TypeError) as error:
+        raise GoldenError(f"kill-matrix golden {root / HINTS_PATH} is unreadable ({error!r}); restore it with git "
+                          "or delete it and rerun selfcheck") from None
+
+
+def changes(root: Path, outcomes: Iterable[Any]) -> list[str]:
+    """One line per mutant whose killing test differs from the committed one (empty: no change).
+
+    Compares only the mutants and backends of ``outcomes`` (selfcheck's ``Outcome`` objects)."""
+    recorded = _recorded(root)
+    lines = []
+    for outcome in outcomes:
+        if outcome.kind != "mutant":
+            continue
+        key = (outcome.component, outcome.spec, outcome.graph_backend)
+        now = outcome.first_failure if outcome.verdict == "killed" else f"({outcome.verdict})"
+        before = recorded.get(key, "(not recorded)")
+        if before != now:
+            lines.append(f"{outcome.component} {outcome.spec} [{outcome.graph_backend}]: killed by {before} -> {now}")
+    return lines

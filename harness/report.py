@@ -1,0 +1,292 @@
+"""The run report: what ran, what passed per component, how close results came to their tolerances.
+
+A pytest plugin, loaded by the root ``conftest.py`` (``pytest_plugins = ["harness.report"]``). At
+the end of a run it prints, and with ``--harness-report PATH`` writes as JSON:
+
+- device, graph backend, torch and transformers versions, the implementations under test;
+- passed / failed / skipped / errors per component (the folder under ``suites/``);
+- the largest observed error per dtype against its tolerance (:mod:`harness.observations`);
+- replay and eager-fallback counters;
+- goldens whose bits moved within tolerance or lack this device class's digest, and orphaned
+  goldens (which fail the run; ``--snapshot-update`` deletes them).
+
+Under pytest-xdist each worker sends its tallies to the controller, which merges them.
+:func:`format_markdown` renders a report (and a kill matrix) for a CI step summary.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from harness import observations
+
+try:
+    from harness import golden
+except ImportError:  # syrupy missing: the suites still run; only golden tests and checks cannot
+    golden = None
+from harness.compare import tolerance_for
+
+__all__ = ["RunReport", "format_text", "format_markdown", "annotations", "write_step_summary"]
+
+_WORKER_KEY = "harness_report"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.getgroup("harness").addoption(
+        "--harness-report", metavar="PATH", default=None,
+        help="also write the run report (setup, outcomes per component, errors per dtype, goldens) as JSON")
+
+
+@pytest.hookimpl(trylast=True)  # after the root conftest has resolved the device
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(RunReport(config), "harness-run-report")
+
+
+def _component(nodeid: str) -> str:
+    parts = nodeid.split("::")[0].split("/")
+    if "suites" in parts[:-1]:
+        return parts[parts.index("suites") + 1] if parts.index("suites") + 2 < len(parts) else "suites"
+    return parts[0] if len(parts) > 1 else "(root)"
+
+
+def _harness_session(config: pytest.Config) -> Any:
+    """What the root conftest resolved (device, backend, implementations), or None outside this project."""
+    from harness import pytest_support
+
+    try:
+        return pytest_support.session_of(config)
+    except (KeyError, AttributeError):
+        return None
+
+
+def _setup(config: pytest.Config) -> dict[str, Any]:
+    session = _harness_session(config)
+    device = getattr(session, "device", None)
+    try:
+        import transformers
+        transformers_version = transformers.__version__
+    except ImportError:  # optional for the graphs and gather suites
+        transformers_version = "not installed"
+    return {
+        "device": str(device) if device is not None else "unknown",
+        "device_class": golden.device_class(device) if device is not None and golden else str(device),
+        "graph_backend": getattr(getattr(session, "backend", None), "name", "unknown"),
+        "torch": torch.__version__,
+        "transformers": transformers_version,
+        "implementations": dict(getattr(session, "impl_specs", {}) or {}) or "reference",
+    }
+
+
+class RunReport:
+    """Collects the report's parts in each pytest process; the controller (or the only process) reports."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.is_worker = hasattr(config, "workerinput")
+        self.outcomes: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+        self.collected: dict[str, list[str]] = {}
+        self.parts: list[dict[str, Any]] = []  # from xdist workers
+        self.orphans: list[str] = []
+        self.deleted: list[str] = []
+        self.report: dict[str, Any] | None = None
+        device = getattr(_harness_session(config), "device", None)
+        if golden is not None:
+            golden.configure_goldens(device_class=golden.device_class(device) if device is not None else "cpu",
+                                     update=bool(config.getoption("--snapshot-update", False)))
+        observations.reset()
+
+    # --- goldens nobody owns -------------------------------------------------------------------
+    @pytest.hookimpl(tryfirst=True)  # before -k / -m deselection: a deselected test still owns its goldens
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        root = self.config.rootpath
+        for item in items:
+            module, _, name = item.nodeid.partition("::")
+            if (root / module).is_file():
+                self.collected.setdefault(module, []).append(name.replace("::", "."))
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        if golden is None or (self.is_worker and self.config.workerinput.get("workerid") != "gw0"):
+            return  # every worker collects the same tests; one of them checks
+        root = self.config.rootpath
+        scopes = []
+        for argument in self.config.args:
+            path, _, node = str(argument).partition("::")
+            resolved = (Path(self.config.invocation_params.dir) / path).resolve()
+            if node or not resolved.exists() or not resolved.is_relative_to(root):
+                continue  # a single test given by id: its module's other goldens are not in question
+            scopes.append(resolved.relative_to(root).as_posix() or ".")
+        if "." in scopes:
+            scopes = ["suites"]
+        orphans = golden.find_orphans(root=root, collected=self.collected, scopes=scopes)
+        names = [path.relative_to(root).as_posix() for path in orphans]
+        if self.config.getoption("--snapshot-update", False):
+            for path in orphans:
+                path.unlink()
+            self.deleted = names
+        else:
+            self.orphans = names
+
+    # --- outcomes per component ----------------------------------------------------------------
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when == "call" or report.outcome != "passed":
+            outcome = "error" if report.when != "call" and report.outcome == "failed" else report.outcome
+            self.outcomes[_component(report.nodeid)][outcome] += 1
+
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        if report.failed:
+            self.outcomes[_component(report.nodeid)]["error"] += 1
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: Any, error: Any) -> None:
+        text = getattr(node, "workeroutput", {}).get(_WORKER_KEY)
+        if text:
+            self.parts.append(json.loads(text))
+
+    # --- the report ----------------------------------------------------------------------------
+    def _local_part(self) -> dict[str, Any]:
+        return {
+            **observations.snapshot(),
+            "drift": [dataclasses.asdict(event) for event in golden.drift_events()] if golden else [],
+            "orphans": self.orphans,
+            "deleted": self.deleted,
+        }
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if self.is_worker:
+            self.config.workeroutput[_WORKER_KEY] = json.dumps(self._local_part())
+            return
+        parts = [self._local_part(), *self.parts]
+        tallies = observations.merge(parts)
+        errors = {}
+        for dtype_name, entry in sorted(tallies["errors"].items()):
+            tol = tolerance_for(getattr(torch, dtype_name))
+            errors[dtype_name] = {**entry, "rtol": tol.rtol, "atol": tol.atol}
+        root = self.config.rootpath
+
+        def relative(location: str) -> str:
+            path = Path(location)
+            return path.relative_to(root).as_posix() if path.is_absolute() and path.is_relative_to(root) else location
+
+        drift = sorted({(relative(e["golden"]), e["where"], e["device_class"], e["kind"])
+                        for part in parts for e in part["drift"]})
+        orphans = sorted({name for part in parts for name in part["orphans"]})
+        if orphans and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        self.report = {
+            "setup": _setup(self.config),
+            "outcomes": {component: dict(counts) for component, counts in sorted(self.outcomes.items())},
+            "errors": errors,
+            "counters": dict(sorted(tallies["counters"].items())),
+            "goldens": {
+                "drift": [dict(zip(("golden", "where", "device_class", "kind"), row)) for row in drift],
+                "orphans": orphans,
+                "deleted": sorted({name for part in parts for name in part["deleted"]}),
+            },
+            "exit_status": int(session.exitstatus),
+        }
+        path = self.config.getoption("--harness-report")
+        if path:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).write_text(json.dumps(self.report, indent=2) + "\n")
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if self.report is None:
+            return
+        terminalreporter.write_sep("=", "harness run report")
+        for line in format_text(self.report).splitlines():
+            terminalreporter.write_line(line)
+        if self.report["goldens"]["orphans"]:
+            terminalreporter.write_line(
+                "orphaned goldens fail the run: delete them, or rerun with --snapshot-update", red=True)
+
+
+def _outcome_cells(counts: dict[str, int]) -> str:
+    return ", ".join(f"{counts[k]} {k}" for k in ("passed", "failed", "error", "skipped") if counts.get(k))
+
+
+def format_text(report: dict[str, Any]) -> str:
+    """The report as the terminal shows it."""
+    setup = report["setup"]
+    lines = [f"device {setup['device']} ({setup['device_class']}), graph backend {setup['graph_backend']}, "
+             f"torch {setup['torch']}, transformers {setup['transformers']}, "
+             f"implementations {setup['implementations']}"]
+    for component, counts in report["outcomes"].items():
+        lines.append(f"  {component:<12} {_outcome_cells(counts) or 'nothing ran'}")
+    for dtype_name, entry in report["errors"].items():
+        lines.append(f"  largest {dtype_name} error {entry['max_abs_error']:.3g} "
+                     f"({100 * entry['tolerance_used']:.1f}% of rtol={entry['rtol']:g}, atol={entry['atol']:g}; "
+                     f"{entry['comparisons']} comparisons)")
+    if report["counters"]:
+        lines.append("  counters: " + ", ".join(f"{k}={v}" for k, v in report["counters"].items()))
+    goldens = report["goldens"]
+    for event in goldens["drift"]:
+        lines.append(f"  golden {event['golden']} {event['where']}: {event['kind']} ({event['device_class']})")
+    for name in goldens["orphans"]:
+        lines.append(f"  ORPHANED golden {name}: no test owns it")
+    for name in goldens["deleted"]:
+        lines.append(f"  deleted orphaned golden {name}")
+    return "\n".join(lines)
+
+
+def format_markdown(report: dict[str, Any] | None = None, kill_matrix: list[dict[str, Any]] | None = None) -> str:
+    """A run report and/or a selfcheck JSON (kill matrix) as Markdown, for ``$GITHUB_STEP_SUMMARY``."""
+    out: list[str] = []
+    if report is not None:
+        setup = report["setup"]
+        out += ["### Harness run report", "",
+                f"device `{setup['device']}` ({setup['device_class']}), graph backend `{setup['graph_backend']}`, "
+                f"torch {setup['torch']}, transformers {setup['transformers']}, "
+                f"implementations `{setup['implementations']}`", "",
+                "| component | passed | failed | errors | skipped |", "| --- | --- | --- | --- | --- |"]
+        out += [f"| {c} | {n.get('passed', 0)} | {n.get('failed', 0)} | {n.get('error', 0)} | {n.get('skipped', 0)} |"
+                for c, n in report["outcomes"].items()]
+        out += ["", "| dtype | largest error | share of tolerance | rtol | atol |", "| --- | --- | --- | --- | --- |"]
+        out += [f"| {d} | {e['max_abs_error']:.3g} | {100 * e['tolerance_used']:.1f}% | {e['rtol']:g} | {e['atol']:g} |"
+                for d, e in report["errors"].items()]
+        if report["counters"]:
+            out += ["", "counters: " + ", ".join(f"`{k}`={v}" for k, v in report["counters"].items())]
+        goldens = report["goldens"]
+        out += [f"- golden `{e['golden']}` {e['where']}: {e['kind']} ({e['device_class']})" for e in goldens["drift"]]
+        out += [f"- **orphaned golden** `{name}`" for name in goldens["orphans"]]
+    if kill_matrix is not None:
+        out += ["", "### Kill matrix", "", "| component | implementation | verdict | seconds | first failing test |",
+                "| --- | --- | --- | --- | --- |"]
+        out += [f"| {o['component']} | {o['spec']} | {o['verdict']} | {o['seconds']:.1f} | `{o['first_failure'] or '-'}` |"
+                for o in kill_matrix]
+    return "\n".join(out) + "\n"
+
+
+def write_step_summary(text: str) -> None:
+    """Append to ``$GITHUB_STEP_SUMMARY`` when set (in GitHub Actions), else print."""
+    target = os.environ.get("GITHUB_STEP_SUMMARY")
+    if target:
+        with open(target, "a", encoding="utf-8") as handle:
+            handle.write(text)
+    else:
+        print(text, end="")
+
+
+def annotations(junit_path: str) -> list[str]:
+    """GitHub ``::error`` workflow commands, one per failed or erroring test of a JUnit XML file
+    (written with ``junit_family = xunit1``, which records each test's file and line)."""
+    import xml.etree.ElementTree as ElementTree
+
+    if not Path(junit_path).is_file():
+        return []
+    lines = []
+    for case in ElementTree.parse(junit_path).getroot().iter("testcase"):
+        for problem in [*case.findall("failure"), *case.findall("error")]:
+            message = (problem.get("message") or problem.text or "failed").strip().splitlines()[0][:300]
+            escape = lambda text: text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")  # noqa: E731
+            where = f"file={case.get('file')},line={int(case.get('line') or 0) + 1}," if case.get("file") else ""
+            lines.append(f"::error {where}title={escape(case.get('name', 'test'))}::{escape(message)}")
+    return lines

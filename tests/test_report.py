@@ -1,0 +1,76 @@
+"""The run report: per-component outcomes, errors per dtype against the tolerance table (merged across
+xdist workers), goldens, JSON output, Markdown and failure annotations."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from harness import observations
+from harness.compare import assert_equivalent, tolerance_for
+from harness.report import annotations, format_markdown
+
+pytest_plugins = ["pytester"]
+
+
+def test_a_tolerance_comparison_records_its_error_and_share_of_the_tolerance():
+    observations.reset()
+    expected = torch.tensor([1.0, -2.0], dtype=torch.float32)
+    assert_equivalent(expected + torch.tensor([4e-6, 0.0]), expected, exact=False)
+    entry = observations.snapshot()["errors"]["float32"]
+    tol = tolerance_for(torch.float32)
+    # closed form: |diff| / (atol + rtol * |expected|) at the first element
+    assert abs(entry["max_abs_error"] - 4e-6) < 1e-7
+    assert abs(entry["tolerance_used"] - 4e-6 / (tol.atol + tol.rtol * 1.0)) < 1e-2
+    assert_equivalent(expected, expected, exact=True)  # bitwise comparisons are not tolerance uses
+    try:  # a failing comparison reports itself; the run report shows how close passing ones came
+        assert_equivalent(expected + 1.0, expected, exact=False)
+    except AssertionError:
+        pass
+    assert observations.snapshot()["errors"]["float32"]["comparisons"] == 1
+
+
+def test_merge_takes_maxima_and_sums_counts():
+    one = {"errors": {"bfloat16": {"max_abs_error": 0.1, "tolerance_used": 0.5, "comparisons": 2}},
+           "counters": {"runner.replays": 3}}
+    two = {"errors": {"bfloat16": {"max_abs_error": 0.05, "tolerance_used": 0.9, "comparisons": 1}},
+           "counters": {"runner.replays": 4, "runner.eager_fallbacks": 1}}
+    merged = observations.merge([one, two])
+    assert merged["errors"]["bfloat16"] == {"max_abs_error": 0.1, "tolerance_used": 0.9, "comparisons": 3}
+    assert merged["counters"] == {"runner.replays": 7, "runner.eager_fallbacks": 1}
+
+
+_SUITE = '''
+import torch
+from harness.compare import assert_equivalent
+from harness import observations
+
+def test_close():
+    expected = torch.ones(3, dtype=torch.bfloat16)
+    assert_equivalent(expected * 1.0078125, expected, exact=False)
+    observations.count("runner.replays")
+
+def test_broken():
+    assert 1 == 2, "on purpose"
+'''
+
+
+def test_report_is_written_as_json_and_merged_across_xdist_workers(pytester):
+    pytester.makeconftest('pytest_plugins = ["harness.report"]\n')
+    pytester.mkdir("suites")
+    pytester.mkdir("suites/demo")
+    (pytester.path / "suites/demo/test_demo.py").write_text(_SUITE)
+    result = pytester.runpytest_subprocess("suites", "-n", "2", "-p", "no:cacheprovider", "-o", "junit_family=xunit1",
+                                           "--harness-report", "out/report.json", "--junitxml", "out/junit.xml")
+    result.stdout.fnmatch_lines(["*harness run report*", "*demo*1 passed, 1 failed*",
+                                 "*largest bfloat16 error 0.00781*"])
+    report = json.loads((pytester.path / "out/report.json").read_text())
+    assert report["outcomes"] == {"demo": {"passed": 1, "failed": 1}}
+    assert report["counters"] == {"runner.replays": 1}
+    assert report["errors"]["bfloat16"]["comparisons"] == 1
+    assert report["exit_status"] == 1
+    lines = annotations(str(pytester.path / "out/junit.xml"))
+    assert len(lines) == 1 and lines[0].startswith("::error file=suites/demo/test_demo.py,line=11,title=test_broken::")
+    markdown = format_markdown(report)
+    assert "| demo | 1 | 1 | 0 | 0 |" in markdown

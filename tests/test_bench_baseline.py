@@ -1,8 +1,10 @@
-"""The baseline comparison: counts exact, times and speed-ups by ratio beyond the noise band.
+"""The baseline comparison: counts exact, grouped speed-ups by their geometric mean, times reported.
 
-Oracles are closed forms: the band is max(floor, factor x the larger spread), and a time regresses
-exactly when now / before - 1 exceeds it (a speed-up: before / now - 1). Property tests sweep the
-whole plane of (before, after, spreads, thresholds) around the boundary.
+Oracles are closed forms: a figure's band is max(floor, factor x the larger spread), and a time is
+beyond it exactly when now / before - 1 exceeds it (a speed-up: before / now - 1); a group's band is
+max(speedup floor, group factor x rms spread / sqrt(rows)) against the geometric mean of the rows'
+before / now. Property tests sweep the plane of (before, after, spreads, thresholds) around the
+boundaries.
 """
 
 from __future__ import annotations
@@ -62,43 +64,88 @@ spread = st.floats(0.0, 0.5, allow_nan=False)
 
 @given(before=positive, ratio=st.floats(0.2, 5.0), spread_before=spread, spread_now=spread,
        floor=st.floats(0.0, 0.5), factor=st.floats(0.0, 5.0))
-def test_time_verdict_is_the_closed_form(before, ratio, spread_before, spread_now, floor, factor):
+def test_time_verdict_is_the_closed_form_and_never_fails(before, ratio, spread_before, spread_now, floor, factor):
     after = before * ratio
     band = max(floor, factor * max(spread_before, spread_now))
     change = after / before - 1
-    expected = "regression" if change > band else "improved" if (1 + change) * (1 + band) < 1 else "ok"
+    expected = "slower" if change > band else "faster" if (1 + change) * (1 + band) < 1 else "ok"
     thresholds = Thresholds(floor=floor, noise_factor=factor)
     got = verdict(Figure("time", before, spread_before, "ms"), Figure("time", after, spread_now, "ms"), thresholds)
     assert got == expected
+    assert not failed(compare(report({"x": Figure("time", after, spread_now)}),
+                              report({"x": Figure("time", before, spread_before)}), thresholds=thresholds))
 
 
 @given(before=positive, ratio=st.floats(0.2, 5.0), noise=spread)
-def test_speedup_is_higher_better_mirror_of_time(before, ratio, noise):
-    # A speed-up falling from s to s / r regresses exactly as a time rising from t to t * r.
+def test_ungrouped_speedup_is_the_gated_higher_better_mirror_of_time(before, ratio, noise):
+    # A speed-up falling from s to s / r is beyond its band exactly as a time rising from t to t * r.
     as_time = verdict(Figure("time", before, noise), Figure("time", before * ratio, noise))
     as_speedup = verdict(Figure("speedup", before, noise), Figure("speedup", before / ratio, noise))
-    assert as_time == as_speedup
+    assert as_speedup == {"slower": "regression", "faster": "improved"}.get(as_time, as_time)
 
 
 def test_noise_band_widens_with_the_noisier_run():
     quiet, noisy = Figure("time", 1.0, 0.01, "ms"), Figure("time", 1.3, 0.2, "ms")
-    assert verdict(quiet, Figure("time", 1.3, 0.01, "ms")) == "regression"  # band = floor 15%
+    assert verdict(quiet, Figure("time", 1.3, 0.01, "ms")) == "slower"  # band = floor 15%
     assert verdict(quiet, noisy) == "ok"  # band = 3 x 20% = 60%
     assert verdict(Figure("time", 1.3, 0.2, "ms"), Figure("time", 1.0, 0.01, "ms")) == "ok"  # not beyond 60%
-    assert verdict(Figure("time", 2.0, 0.01, "ms"), Figure("time", 1.0, 0.01, "ms")) == "improved"
+    assert verdict(Figure("time", 2.0, 0.01, "ms"), Figure("time", 1.0, 0.01, "ms")) == "faster"
 
 
-def test_exactly_on_the_band_is_not_a_regression():
+def test_exactly_on_the_band_is_not_beyond_it():
     thresholds = Thresholds(floor=0.25, noise_factor=0.0)
-    assert verdict(Figure("time", 4.0), Figure("time", 5.0), thresholds) == "ok"
-    assert verdict(Figure("time", 4.0), Figure("time", 5.0 + 1e-9), thresholds) == "regression"
+    assert verdict(Figure("speedup", 5.0), Figure("speedup", 4.0), thresholds) == "ok"
+    assert verdict(Figure("speedup", 5.0 + 1e-9), Figure("speedup", 4.0), thresholds) == "regression"
+
+
+# -- speed-up groups -------------------------------------------------------------------------------
+
+rows_of_a_group = st.lists(st.tuples(positive, st.floats(0.2, 5.0), spread, spread), min_size=1, max_size=6)
+
+
+@given(rows=rows_of_a_group, speedup_floor=st.floats(0.0, 1.0), group_factor=st.floats(0.0, 4.0))
+def test_group_verdict_is_the_closed_form_and_rows_are_reported_only(rows, speedup_floor, group_factor):
+    before = {f"m/{i}/speedup": Figure.speedup(Stat(b, s0, 15), group="m") for i, (b, _, s0, _) in enumerate(rows)}
+    now = {f"m/{i}/speedup": Figure.speedup(Stat(b / r, s1, 15), group="m") for i, (b, r, _, s1) in enumerate(rows)}
+    thresholds = Thresholds(speedup_floor=speedup_floor, group_noise_factor=group_factor)
+    findings = compare(report(now), report(before), thresholds=thresholds)
+    *singles, group = findings
+    assert group.key == "m/speedup (geometric mean)" and all(not f.failed for f in singles)
+    # Oracle: the geometric mean of the rows' before / now = of r, and the standard error of the mean.
+    mean = 1.0
+    for _, r, _, _ in rows:
+        mean *= r ** (1 / len(rows))
+    error = (sum(max(s0, s1) ** 2 for _, _, s0, s1 in rows) / len(rows)) ** 0.5 / len(rows) ** 0.5
+    band = max(speedup_floor, group_factor * error)
+    assert group.band == pytest.approx(band) and group.change == pytest.approx(mean - 1)
+    if abs(mean - 1 - band) > 1e-9 and abs(mean * (1 + band) - 1) > 1e-9:  # off the boundaries
+        expected = "regression" if mean - 1 > band else "improved" if mean * (1 + band) < 1 else "ok"
+        assert group.verdict == expected
+        assert failed(findings) == ([group] if expected == "regression" else [])
+
+
+def test_a_group_compares_the_rows_both_runs_have_and_one_bad_row_is_diluted():
+    before = report({f"m/{b}/speedup": Figure.speedup(Stat(4.0, 0.0, 15), group="m") for b in "abcd"})
+    now = report({"m/a/speedup": Figure.speedup(Stat(2.0, 0.0, 15), group="m"),
+                  **{f"m/{b}/speedup": Figure.speedup(Stat(4.0, 0.0, 15), group="m") for b in "bcd"}})
+    findings = {f.key: f for f in compare(now, before)}
+    assert findings["m/a/speedup"].verdict == "slower"  # one row halved: reported
+    assert findings["m/speedup (geometric mean)"].verdict == "ok"  # mean 2 ** (1/4) - 1 = 19% < 25%
+    now["figures"]["m/b/speedup"]["value"] = 2.0  # two rows halved: 41% worse
+    assert failed(compare(now, before))[0].key == "m/speedup (geometric mean)"
+
+
+def test_a_baseline_without_groups_is_read_with_the_runs_groups():
+    before = report({"m/a/speedup": Figure.speedup(Stat(4.0, 0.0, 15))})
+    now = report({"m/a/speedup": Figure.speedup(Stat(1.0, 0.0, 15), group="m")})
+    assert [f.verdict for f in compare(now, before)] == ["slower", "regression"]
 
 
 def test_improvements_and_new_figures_pass_missing_ones_fail():
     before = report({"a": Figure.count(1), "b": Figure("time", 2.0, 0.0)})
     now = report({"b": Figure("time", 1.0, 0.0), "c": Figure.count(5)})
     findings = {f.key: f for f in compare(now, before)}
-    assert [findings[k].verdict for k in "abc"] == ["missing", "improved", "new"]
+    assert [findings[k].verdict for k in "abc"] == ["missing", "faster", "new"]
     assert [f.key for f in failed(list(findings.values()))] == ["a"]
 
 
@@ -146,9 +193,9 @@ def test_format_names_every_failing_figure_and_its_band():
     before = report({"dense/1/run_ms": Figure("time", 1.0, 0.01, "ms"), "dense/1/launches_run": Figure.count(1)})
     now = report({"dense/1/run_ms": Figure("time", 3.0, 0.01, "ms"), "dense/1/launches_run": Figure.count(40)})
     text = format_findings(compare(now, before), baseline_path="b.json", thresholds=Thresholds())
-    assert "regression dense/1/run_ms: 1 -> 3 (+200.0% worse, noise band 15.0%)" in text
+    assert "slower     dense/1/run_ms: 1 -> 3 (+200.0% worse, noise band 15.0%; reported, not gated)" in text
     assert "changed    dense/1/launches_run: 1 -> 40 (counts must match exactly)" in text
-    assert text.splitlines()[-1] == "REGRESSION: 2 of 2 figures"
+    assert text.splitlines()[-1] == "REGRESSION: 1 of 1 gated findings"
 
 
 # -- files -------------------------------------------------------------------------------------

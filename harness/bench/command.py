@@ -1,7 +1,7 @@
 """``python -m harness bench BENCHMARK``: one command skeleton for every benchmark.
 
 Shared options (every benchmark): ``--device``, ``--graph-backend``, ``--impl COMPONENT=SPEC``,
-``--json``, ``--repeat``, ``--baseline`` (with ``--time-floor`` and ``--noise-factor``) and
+``--json``, ``--repeat``, ``--baseline`` (with ``--time-floor``, ``--noise-factor`` and ``--speedup-floor``) and
 ``--plot``. ``python -m harness bench BENCHMARK --help`` lists the benchmark's own options too.
 
 A benchmark is a module with ``COMPONENTS`` (what ``--impl`` may name), ``DESCRIPTION``,
@@ -52,9 +52,13 @@ def _shared_options() -> argparse.ArgumentParser:
     group.add_argument("--baseline", metavar="PATH",
                        help="compare with this report of the same device class; exit 1 on a regression")
     group.add_argument("--time-floor", type=float, default=baselines.Thresholds.floor,
-                       help="smallest relative change of a time called a regression (default %(default)s)")
+                       help="smallest relative change of a time or single speed-up reported as slower or faster "
+                            "(default %(default)s; reported, never failed)")
     group.add_argument("--noise-factor", type=float, default=baselines.Thresholds.noise_factor,
-                       help="a time must move this many spreads of the noisier run (default %(default)s)")
+                       help="...and how many spreads of the noisier run it must exceed (default %(default)s)")
+    group.add_argument("--speedup-floor", type=float, default=baselines.Thresholds.speedup_floor,
+                       help="smallest worsening of a model's mean speed-up that fails (default %(default)s; "
+                            "counts fail on any change)")
     group.add_argument("--plot", metavar="PNG", help="also plot the speed-ups (needs: pip install -e .[plot])")
     return shared
 
@@ -121,7 +125,8 @@ def _run(options: argparse.Namespace) -> int:
         if not hasattr(module, "plot"):
             raise UsageError(f"bench {options.benchmark} has no plot")
         check_plot_extra()
-    thresholds = baselines.Thresholds(floor=options.time_floor, noise_factor=options.noise_factor)
+    thresholds = baselines.Thresholds(floor=options.time_floor, noise_factor=options.noise_factor,
+                                      speedup_floor=options.speedup_floor)
     env = environment(device, backend_name)
     spin_up(device)
     result = module.run(options, device=device, backend=backend, implementations=implementations,
@@ -133,8 +138,10 @@ def _run(options: argparse.Namespace) -> int:
     noise = report["noise"]
     if noise["timed_figures"]:
         print(f"noise: {noise['timed_figures']} timed figures, median spread {noise['median_spread'] * 100:.1f}%, "
-              f"largest {noise['max_spread'] * 100:.1f}%; a baseline comparison allows "
-              f"max({thresholds.floor * 100:.0f}%, {thresholds.noise_factor:g} x spread)")
+              f"largest {noise['max_spread'] * 100:.1f}%; against a baseline, a time or single speed-up is reported "
+              f"beyond max({thresholds.floor * 100:.0f}%, {thresholds.noise_factor:g} x spread), a model's mean "
+              f"speed-up fails beyond max({thresholds.speedup_floor * 100:.0f}%, "
+              f"{thresholds.group_noise_factor:g} standard errors)")
     if options.json:
         write_json(report, options.json)
         print(f"wrote {options.json}")

@@ -126,7 +126,7 @@ def _measure(role: str, gather: Callable[..., Any], *, device: torch.device, bac
 
 
 def _micro(stat: Stat) -> Stat:
-    return Stat(stat.median * 1e3, stat.spread, stat.repeats)
+    return Stat(stat.median * 1e3, stat.spread, stat.repeats, None if stat.low is None else stat.low * 1e3)
 
 
 def _difference(total: Stat, part: Stat) -> Stat:

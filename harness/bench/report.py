@@ -4,9 +4,12 @@ A benchmark produces *rows* (what its table and plot show) and *figures*: named 
 later run is compared against (:mod:`harness.bench.baseline`). A figure has a kind that says how
 it is compared:
 
-* ``count``: launches, captures, fallbacks, segments; exact, any change is a finding;
-* ``time``: a median time (lower is better) with the relative spread of its repeats;
-* ``speedup``: a ratio measured in the same run (higher is better), with its spread.
+* ``count``: launches, captures, fallbacks, segments; exact, any change fails;
+* ``time``: a median time (lower is better) with the relative spread of its repeats; reported
+  against a baseline, never failed (host-bound times move between runs of one machine);
+* ``speedup``: a ratio measured in the same run (higher is better), with its spread. Speed-ups
+  sharing a ``group`` (one model) are gated together by their geometric mean; each one alone is
+  reported. A speed-up without a group is gated alone.
 
 On the emulated backend a run records counts only: CPU wall time of an emulation says nothing
 about what a GPU would do, so no time or speed-up figure is produced there.
@@ -50,11 +53,13 @@ FIGURE_KINDS = ("count", "time", "speedup")
 
 @dataclasses.dataclass(frozen=True)
 class Stat:
-    """The median of repeated measurements and their relative spread (interquartile range / median)."""
+    """The median of repeated measurements, their relative spread (interquartile range / median) and
+    the fastest sample (``low``; kept in the JSON so that runs can be compared on it as well)."""
 
     median: float
     spread: float
     repeats: int
+    low: Optional[float] = None
 
     @classmethod
     def of(cls, samples: Sequence[float]) -> "Stat":
@@ -67,22 +72,25 @@ class Stat:
             spread = (quartiles[2] - quartiles[0]) / median if median else 0.0
         else:  # too few repeats for quartiles: the full range is the honest spread
             spread = (ordered[-1] - ordered[0]) / median if median else 0.0
-        return cls(median, spread, len(ordered))
+        return cls(median, spread, len(ordered), ordered[0])
 
     def ratio_to(self, other: "Stat") -> "Stat":
-        """``other / self`` (a speed-up of self over other), spreads combined in quadrature."""
+        """``other / self`` (a speed-up of self over other), spreads combined in quadrature; no ``low``
+        (a ratio of two fastest samples is not the fastest ratio)."""
         value = other.median / self.median if self.median else float("inf")
         return Stat(value, (self.spread ** 2 + other.spread ** 2) ** 0.5, min(self.repeats, other.repeats))
 
 
 @dataclasses.dataclass(frozen=True)
 class Figure:
-    """One compared number: ``kind`` in :data:`FIGURE_KINDS`, ``spread`` relative (0 for counts)."""
+    """One compared number: ``kind`` in :data:`FIGURE_KINDS`, ``spread`` relative (0 for counts),
+    ``group``: the speed-ups gated together (see :mod:`harness.bench.baseline`)."""
 
     kind: str
     value: Optional[float]
     spread: float = 0.0
     unit: str = ""
+    group: Optional[str] = None
 
     def __post_init__(self) -> None:
         if self.kind not in FIGURE_KINDS:
@@ -97,8 +105,8 @@ class Figure:
         return cls("time", stat.median, stat.spread, unit)
 
     @classmethod
-    def speedup(cls, stat: Stat) -> "Figure":
-        return cls("speedup", stat.median, stat.spread, "x")
+    def speedup(cls, stat: Stat, *, group: Optional[str] = None) -> "Figure":
+        return cls("speedup", stat.median, stat.spread, "x", group)
 
 
 @dataclasses.dataclass

@@ -34,7 +34,7 @@ from harness.models import build_model
 from harness.models.engine import ModelConfig
 from harness.runner import ForwardBatch, discover_layer_model
 
-__all__ = ["COMPONENTS", "SIZES", "add_options", "run", "format_table", "plot"]
+__all__ = ["COMPONENTS", "SIZES", "FULL", "QUICK", "add_options", "run", "figures_of", "format_table", "plot"]
 
 COMPONENTS = ("runner",)
 DESCRIPTION = __doc__.splitlines()[0]
@@ -44,6 +44,11 @@ SIZES: dict[str, ModelConfig] = {
     "tiny": ModelConfig(),
     "large": ModelConfig(vocab_size=32000, hidden_size=1024, intermediate_size=4096, num_layers=8, num_heads=16),
 }
+# The full table (README) and the regression-check set: one token and four requests of 31 tokens, the
+# batches where replay buys most and least, in the buckets they use. On the H200 a runner 2 ms slower
+# per call moved every model's mean speed-up over these two rows by 44% or more, a rerun by 11% at most.
+FULL = {"compositions": "1;3;2,2,2,2;4,4,4,4;8,8,8,7", "buckets": "4,8,16,32"}
+QUICK = {"compositions": "1;8,8,8,7", "buckets": "4,32"}
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -52,10 +57,14 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sizes", default=None,
                         help=f"model sizes, comma-separated, of {', '.join(SIZES)} (default: both on CUDA, tiny "
                              "on the emulation)")
-    parser.add_argument("--compositions", default="1;3;2,2,2,2;4,4,4,4;8,8,8,7",
-                        help="batches as request lengths, ';' between batches (default: 1 token, 3 tokens, "
-                             "4 requests of 8, 16 and 31 tokens)")
-    parser.add_argument("--buckets", default="4,8,16,32", help="token-count buckets, comma-separated")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"the regression-check set: compositions {QUICK['compositions']}, buckets "
+                             f"{QUICK['buckets']} (unless given), both models and sizes")
+    parser.add_argument("--compositions", default=None,
+                        help=f"batches as request lengths, ';' between batches (default {FULL['compositions']}: "
+                             "1 token, 3 tokens, 4 requests of 8, 16 and 31 tokens)")
+    parser.add_argument("--buckets", default=None,
+                        help=f"token-count buckets, comma-separated (default {FULL['buckets']})")
     parser.add_argument("--dtype", choices=tuple(_DTYPES), default=None,
                         help="model dtype (default bfloat16 on CUDA, float32 on the emulation)")
 
@@ -77,8 +86,10 @@ def _settings(options: argparse.Namespace, device: torch.device) -> dict[str, An
     unknown = [s for s in sizes if s not in SIZES]
     if unknown:
         raise UsageError(f"--sizes: unknown size(s) {', '.join(unknown)}; known: {', '.join(SIZES)}")
-    compositions = [list(_integers(c, "--compositions")) for c in options.compositions.split(";") if c.strip()]
-    buckets = sorted(_integers(options.buckets, "--buckets"))
+    preset = QUICK if options.quick else FULL
+    chosen = options.compositions or preset["compositions"]
+    compositions = [list(_integers(c, "--compositions")) for c in chosen.split(";") if c.strip()]
+    buckets = sorted(_integers(options.buckets or preset["buckets"], "--buckets"))
     too_big = [c for c in compositions if sum(c) > buckets[-1]]
     if too_big:
         raise UsageError(f"--compositions {too_big[0]} has {sum(too_big[0])} tokens, more than the largest bucket "
@@ -273,7 +284,6 @@ def run(options: argparse.Namespace, *, device: torch.device, backend: Any, impl
     settings = _settings(options, device)
     (spec, implementation), = implementations.items()
     rows: list[dict[str, Any]] = []
-    figures: dict[str, Figure] = {}
     for size in settings["sizes"]:
         for name in settings["models"]:
             config = SIZES[size]
@@ -286,13 +296,6 @@ def run(options: argparse.Namespace, *, device: torch.device, backend: Any, impl
                 runner = implementation.obj(model, buckets=settings["buckets"], graphs=capturer)
             synchronize(device)
             capture_total = time.perf_counter() - started
-            prefix = f"{name}/{size}"
-            # Keyed by capture order: the leading size of a capture's output is the bucket only when the
-            # layer stack was captured (a whole-model fallback returns per-request logits).
-            for index, capture in enumerate(capturer.captures):
-                figures[f"{prefix}/capture{index}/segments"] = Figure.count(capture["segments"])
-                figures[f"{prefix}/capture{index}/breaks"] = Figure.count(capture["breaks"])
-            figures[f"{prefix}/captures"] = Figure.count(len(capturer.captures))
             rows.append({"model": name, "size": size, "kind": "capture", "captures": capturer.captures,
                          "capture_total_s": capture_total if device.type == "cuda" else None,
                          "pool_total_mib": sum(c["pool_mib"] for c in capturer.captures)
@@ -300,15 +303,35 @@ def run(options: argparse.Namespace, *, device: torch.device, backend: Any, impl
             for lengths in settings["compositions"]:
                 row = _measure_batch(runner, model, capturer, lengths, device=device, repeat=repeat, config=config)
                 rows.append({"model": name, "size": size, "kind": "batch", **row})
-                key = f"{prefix}/{row['batch']}"
-                for field in ("launches_eager", "launches_run", "eager_fallbacks"):
-                    figures[f"{key}/{field}"] = Figure.count(row[field])
-                if device.type == "cuda":
-                    figures[f"{key}/eager_ms"] = Figure.time(row["eager"], "ms")
-                    figures[f"{key}/run_ms"] = Figure.time(row["run"], "ms")
-                    figures[f"{key}/speedup"] = Figure.speedup(row["speedup"])
             del runner, model, capturer
-    return Result(settings, rows, figures)
+    return Result(settings, rows, figures_of(rows))
+
+
+def figures_of(rows: list[dict[str, Any]]) -> dict[str, Figure]:
+    """The compared figures of a run's rows (times as :class:`Stat`; absent on the emulation).
+
+    Counts per capture and per batch; per batch on CUDA the eager and run times (reported) and the
+    speed-up, grouped by model and size: a baseline gates each model's speed-ups together.
+    """
+    figures: dict[str, Figure] = {}
+    for row in rows:
+        prefix = f"{row['model']}/{row['size']}"
+        if row["kind"] == "capture":
+            # Keyed by capture order: the leading size of a capture's output is the bucket only when the
+            # layer stack was captured (a whole-model fallback returns per-request logits).
+            for index, capture in enumerate(row["captures"]):
+                figures[f"{prefix}/capture{index}/segments"] = Figure.count(capture["segments"])
+                figures[f"{prefix}/capture{index}/breaks"] = Figure.count(capture["breaks"])
+            figures[f"{prefix}/captures"] = Figure.count(len(row["captures"]))
+            continue
+        key = f"{prefix}/{row['batch']}"
+        for field in ("launches_eager", "launches_run", "eager_fallbacks"):
+            figures[f"{key}/{field}"] = Figure.count(row[field])
+        if isinstance(row.get("speedup"), Stat):
+            figures[f"{key}/eager_ms"] = Figure.time(row["eager"], "ms")
+            figures[f"{key}/run_ms"] = Figure.time(row["run"], "ms")
+            figures[f"{key}/speedup"] = Figure.speedup(row["speedup"], group=prefix)
+    return figures
 
 
 def format_table(result: Result, *, device: torch.device) -> str:

@@ -259,3 +259,43 @@ class StaleSlotMapping(LayerStackRunner):
             return padded
         first = vars(self).setdefault("_first_slot_mapping", {}).setdefault(bucket, padded.kv.slot_mapping)
         return dataclasses.replace(padded, kv=dataclasses.replace(padded.kv, slot_mapping=first))
+
+
+@MUTANTS.add("stale-seq-lens", bug="keeps a bucket's per-request KV sequence lengths from its first replay while they "
+                    "still cover the new tokens: attention reads too few cached tokens in later decode steps")
+class StaleSeqLens(LayerStackRunner):
+    def pad(self, batch: ForwardBatch, bucket: int) -> ForwardBatch:
+        padded = batch.padded_to(bucket)
+        if padded.kv is None:
+            return padded
+        kept = vars(self).setdefault("_kv_lens", {})
+        key = (bucket, padded.num_requests)
+        stale = kept.get(key)
+        # Refreshed only when the static lengths cannot describe the batch at all (fewer than its new
+        # tokens, or past the pages it owns), as a runner that updates its metadata on "shape changes".
+        capacity = [len(table) * padded.kv.block_size for table in padded.kv.block_tables]
+        if stale is None or any(not new <= old <= room for old, new, room in zip(stale, padded.seq_lens, capacity)):
+            kept[key] = stale = padded.kv.kv_lens
+        return dataclasses.replace(padded, kv=dataclasses.replace(padded.kv, kv_lens=stale))
+
+
+# -- the speculative-decode loop (suites/runner/test_speculative.py) ------------------------------
+
+
+@MUTANTS.add("verify-batches-run-eagerly", bug="refuses speculative verify batches (all logits plus hidden states) "
+                    "and silently runs them eagerly: the graph never serves speculative decoding")
+class VerifyBatchesRunEagerly(LayerStackRunner):
+    def can_run(self, batch: ForwardBatch) -> bool:
+        if batch.all_logits and batch.hidden_mode != HiddenMode.NONE:
+            return False
+        return super().can_run(batch)
+
+
+@MUTANTS.add("verify-keeps-last-hidden", bug="treats every all-logits batch as a verify batch that needs last-token "
+                    "hidden states only: a draft asking for every token's hidden states gets one per request")
+class VerifyKeepsLastHidden(LayerStackRunner):
+    def pad(self, batch: ForwardBatch, bucket: int) -> ForwardBatch:
+        padded = batch.padded_to(bucket)
+        if padded.all_logits and padded.hidden_mode == HiddenMode.FULL:
+            return dataclasses.replace(padded, hidden_mode=HiddenMode.LAST)
+        return padded

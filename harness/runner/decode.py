@@ -19,7 +19,7 @@ import torch
 from harness.batch import ForwardBatch, PagedKV, request_offsets
 from harness.errors import BatchError
 
-__all__ = ["DecodeRequest", "DecodePlan", "DecodeStep", "DecodeLoop"]
+__all__ = ["DecodeRequest", "DecodePlan", "DecodeStep", "DecodeLoop", "take_pages"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +52,17 @@ class DecodeStep:
     logits: torch.Tensor
 
 
+def take_pages(free_pages: list[int], pages: list[int], kv_len: int, *, plan: DecodePlan, step: int) -> None:
+    """Grow ``pages`` from ``free_pages`` (lowest first, so freed pages are reused) until they hold
+    ``kv_len`` tokens; :class:`~harness.errors.BatchError` when the cache is out of pages."""
+    needed = math.ceil(kv_len / plan.block_size) - len(pages)
+    if needed > len(free_pages):
+        raise BatchError(f"the KV cache is out of pages at step {step} ({plan.describe()})")
+    free_pages.sort()
+    pages += free_pages[:needed]
+    del free_pages[:needed]
+
+
 @dataclasses.dataclass
 class _Live:
     generated: list[int]
@@ -75,12 +86,7 @@ class DecodeLoop:
         return all(len(self.tokens.get(i, ())) >= r.max_new_tokens for i, r in enumerate(self.plan.requests))
 
     def _allocate(self, state: _Live, kv_len: int) -> None:
-        needed = math.ceil(kv_len / self.plan.block_size) - len(state.pages)
-        if needed > len(self.free_pages):
-            raise BatchError(f"the KV cache is out of pages at step {self.step_index} ({self.plan.describe()})")
-        self.free_pages.sort()
-        state.pages += self.free_pages[:needed]
-        del self.free_pages[:needed]
+        take_pages(self.free_pages, state.pages, kv_len, plan=self.plan, step=self.step_index)
 
     def step(self, force_tokens: Sequence[int] | None = None) -> DecodeStep | None:
         """Run one step (``None`` when no request is live this step). ``force_tokens`` replaces the

@@ -259,3 +259,34 @@ class StaleSlotMapping(LayerStackRunner):
             return padded
         first = vars(self).setdefault("_first_slot_mapping", {}).setdefault(bucket, padded.kv.slot_mapping)
         return dataclasses.replace(padded, kv=dataclasses.replace(padded.kv, slot_mapping=first))
+
+
+# -- divergence localisation (suites/runner/architectures) --------------------------------------
+
+
+@MUTANTS.add("perturb-middle-layer", bug="captures a small error into the middle decoder layer: replays differ from "
+                                        "eager from that layer on")
+class PerturbsMiddleLayerAtReplay(LayerStackRunner):
+    @contextlib.contextmanager
+    def record_layers(self, static: StaticInputs) -> Iterator[None]:
+        # A hook live only while capturing: the perturbation is in the graph, so every replay carries
+        # it and eager never does, as a miscompiled or mis-fused kernel of one layer would.
+        from harness.runner.discovery import layer_list
+
+        found = layer_list(self.layer_model)
+        handle = None
+        if found is not None:
+            middle = found[1][len(found[1]) // 2]
+
+            def perturb(module: Any, args: Any, output: Any) -> Any:
+                if isinstance(output, tuple):
+                    return (output[0] + 1e-2, *output[1:])
+                return output + 1e-2
+
+            handle = middle.register_forward_hook(perturb)
+        try:
+            with super().record_layers(static):
+                yield
+        finally:
+            if handle is not None:
+                handle.remove()

@@ -9,7 +9,6 @@ from typing import Any, Callable
 import pytest
 import torch
 
-from harness import pytest_support
 from harness.models.transformers_adapter import TransformersAdapter
 from harness.models.transformers_zoo import architecture, build_architecture
 from harness.runner.matrices import discovery_matrix
@@ -27,11 +26,10 @@ def zoo_discovery_matrix() -> dict[str, Any]:
 
 
 @pytest.fixture(scope="session")
-def architecture_runner(pytestconfig: pytest.Config, device: torch.device) -> Callable[..., tuple[Any, Any]]:
+def architecture_runner(runner_factory: Any, graph_capturer: Any, device: torch.device) -> Callable[..., tuple[Any, Any]]:
     """``architecture_runner(name, requires_grad=False)`` -> ``(adapter, runner)``, captured once per session
     with the ``runner`` and ``graphs`` implementations under test."""
-    factory = pytest_support.selected_implementation(pytestconfig, "runner").obj
-    capturer = pytest_support.selected_implementation(pytestconfig, "graphs").obj(pytestconfig.harness_backend)
+    factory, capturer = runner_factory, graph_capturer
     cache: dict[tuple[str, bool], tuple[Any, Any]] = {}
 
     def get(name: str, *, requires_grad: bool = False) -> tuple[Any, Any]:

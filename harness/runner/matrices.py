@@ -4,12 +4,13 @@ the chosen stack captures and replays like eager. Plain data, stored as goldens 
 ``discovery_matrix()`` -> ``{architecture: {"family", "rules": {rule: row}}}``, a row being the
 path chosen, whether the rule fell back or searched, whether the module owns the layer list and
 what its forward returns (measured by running the model: ``hidden_states`` or ``logits``).
-``capture_row(name, graphs=...)`` -> whether the harness rule's stack captures (or the
-``CaptureError`` naming the op) and whether replay matches eager on a batch of several requests.
+``capture_row(name, graphs=...)`` -> per rule: whether its stack captures (or the ``CaptureError``
+naming the op) and whether replay matches eager, with the largest difference.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from typing import Any, Iterable
 
@@ -17,7 +18,7 @@ import torch
 from torch import nn
 
 from harness.compare import tolerance_for
-from harness.errors import CaptureError, HarnessError
+from harness.errors import CaptureError
 from harness.models.transformers_adapter import TransformersAdapter
 from harness.models.transformers_zoo import (
     ARCHITECTURES,
@@ -28,10 +29,10 @@ from harness.models.transformers_zoo import (
     text_config_of,
 )
 from harness.batch import ForwardBatch
-from harness.runner.discovery import RULES, DiscoveryResult, layer_list
+from harness.runner.discovery import RULES, DiscoveryResult, DiscoveryRule, layer_list
 from harness.runner.runner import LayerStackRunner
 
-__all__ = ["forward_returns", "discovery_row", "discovery_matrix", "capture_row", "MATRIX_LENGTHS"]
+__all__ = ["forward_returns", "discovery_row", "discovery_matrix", "capture_row", "rule_below_adapter", "MATRIX_LENGTHS"]
 
 MATRIX_LENGTHS = (3, 5, 2)  # the capture matrix's batch: three requests, so packing matters
 
@@ -99,28 +100,73 @@ def discovery_matrix(names: Iterable[str] | None = None, *, rules: dict[str, Any
     return matrix
 
 
-def capture_row(name: str, *, graphs: Any, device: torch.device | str = "cpu", buckets: tuple[int, ...] = (16,),
-                seed: int = 0) -> dict[str, Any]:
-    """Capture the harness rule's stack of ``name`` through the adapter and replay a batch of
-    :data:`MATRIX_LENGTHS`; ``max_abs_diff`` is for reports, not goldens (it differs by backend)."""
-    model = build_architecture(name, seed=seed, device=device)
-    adapter = TransformersAdapter(model, layout=architecture(name).layout)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            runner = LayerStackRunner(adapter, buckets=buckets, graphs=graphs)
-        except CaptureError as error:
-            message = str(error)
-            return {"captures": False, "stopped_by": message.split(" cannot be captured")[0],
-                    "replay_matches_eager": None, "max_abs_diff": None}
-    batch = ForwardBatch.from_lengths(list(MATRIX_LENGTHS), vocab_size=VOCAB_SIZE - 2, seed=seed, device=device)
+def rule_below_adapter(rule: DiscoveryRule) -> DiscoveryRule:
+    """``rule`` applied to the transformers model an adapter wraps (at its ``wrapped_model_path``),
+    with the path made relative to the adapter: how a rule written for transformers models (SGLang's)
+    chooses the stack a runner over the adapter captures."""
+
+    def below(adapter: nn.Module) -> DiscoveryResult:
+        prefix = adapter.wrapped_model_path
+        inner = rule(adapter.get_submodule(prefix))
+        return dataclasses.replace(inner, path=".".join(filter(None, (prefix, inner.path))))
+
+    below.__name__ = f"{getattr(rule, '__name__', 'rule')}_below_adapter"
+    return below
+
+
+def _first_line(error: BaseException) -> str:
+    return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:200]
+
+
+def _capture_cell(adapter: TransformersAdapter, rule: DiscoveryRule, *, graphs: Any, buckets: tuple[int, ...],
+                  seed: int, device: torch.device | str) -> dict[str, Any]:
+    cell: dict[str, Any] = {"captures": False, "stopped_by": None, "replays_several_requests": None,
+                            "replay_matches_eager": None, "max_abs_diff": None}
     try:
-        actual = runner.run(batch).next_token_logits
-    except HarnessError as error:
-        return {"captures": True, "stopped_by": f"replay: {error}", "replay_matches_eager": False, "max_abs_diff": None}
+        runner = LayerStackRunner(adapter, buckets=buckets, graphs=graphs, rules=(rule,))
+    except CaptureError as error:  # names the op that stops a real CUDA graph too
+        return {**cell, "stopped_by": str(error).split(" cannot be captured")[0].splitlines()[0][:200]}
+    except Exception as error:  # real HF code under capture: record what stopped it, keep the matrix going
+        return {**cell, "stopped_by": _first_line(error)}
+    batch = ForwardBatch.from_lengths(list(MATRIX_LENGTHS), vocab_size=VOCAB_SIZE - 2, seed=seed, device=device)
+    several = bool(runner.can_run(batch))
+    if not several:  # a fallback replays single requests only: check one of the same token count
+        batch = ForwardBatch.from_lengths([sum(MATRIX_LENGTHS)], vocab_size=VOCAB_SIZE - 2, seed=seed, device=device)
+    cell.update(captures=True, replays_several_requests=several)
+    try:
+        actual = runner.replay(batch).next_token_logits
+    except Exception as error:
+        return {**cell, "stopped_by": f"replay: {_first_line(error)}", "replay_matches_eager": False}
     with torch.no_grad():
         expected = adapter(batch.input_ids, batch.positions, batch).next_token_logits
     tol = tolerance_for(expected.dtype)
-    difference = float((actual.double() - expected.double()).abs().max())
-    matches = bool(torch.allclose(actual, expected, rtol=tol.rtol, atol=tol.atol))
-    return {"captures": True, "stopped_by": None, "replay_matches_eager": matches, "max_abs_diff": difference}
+    cell["max_abs_diff"] = float((actual.double() - expected.double()).abs().max())
+    cell["replay_matches_eager"] = bool(torch.allclose(actual, expected, rtol=tol.rtol, atol=tol.atol))
+    return cell
+
+
+def capture_row(name: str, *, graphs: Any, device: torch.device | str = "cpu", rules: dict[str, Any] = RULES,
+                buckets: tuple[int, ...] = (16,), seed: int = 0) -> dict[str, Any]:
+    """``{rule: cell}`` for architecture ``name``: each rule's stack (chosen below the adapter, see
+    :func:`rule_below_adapter`) captured for ``buckets`` and replayed on :data:`MATRIX_LENGTHS` (a
+    single request of as many tokens where the rule fell back). A cell: the path and fallback flag,
+    ``captures`` (or ``stopped_by``: the :class:`CaptureError` naming the op, or what else raised),
+    ``replays_several_requests``, ``replay_matches_eager`` (tolerance table) and ``max_abs_diff``
+    (for reports, not goldens: it differs by backend). Rules choosing the same module share a cell.
+    """
+    model = build_architecture(name, seed=seed, device=device)
+    adapter = TransformersAdapter(model, layout=architecture(name).layout)
+    cells: dict[str, Any] = {}
+    by_module: dict[int, dict[str, Any]] = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for rule_name, rule in rules.items():
+            below = rule_below_adapter(rule)
+            result = below(adapter)
+            if id(result.module) not in by_module:
+                by_module[id(result.module)] = _capture_cell(adapter, below, graphs=graphs, buckets=buckets,
+                                                             seed=seed, device=device)
+            path = result.path.removeprefix(adapter.wrapped_model_path).lstrip(".")
+            cells[rule_name] = {"path": path or "<root>", "fell_back": result.fell_back,
+                                **by_module[id(result.module)]}
+    return cells

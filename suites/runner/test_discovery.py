@@ -25,11 +25,11 @@ LAYOUTS = {
     "odd-transformer-h": ("transformer", False, True),
     "odd-lm-is-base": ("language_model", False, False),
     "odd-wrapped-stack": ("module.model", False, True),
+    "odd-unnamed-layers": ("", True, False),
 }
 # Layouts the harness's rule only finds by searching: a warning, and strict discovery refuses them.
 SEARCHED = [name for name, (_, _, searched) in LAYOUTS.items() if searched]
-# Layouts where it falls back to a broader module: none of the zoo's any more (the fallback path
-# is still exercised by rules that fall back, e.g. SGLang's, in tests/).
+# Layouts where it falls back to the whole model: a layer list under a name no rule knows.
 FALLBACKS = [name for name, (_, fell_back, _) in LAYOUTS.items() if fell_back]
 
 

@@ -1,0 +1,110 @@
+"""Capturing real transformers layer stacks: replay equals eager for batches of 1 to 8 requests (a
+dense, an MoE, a VLM and a hybrid in every profile, the whole zoo under ``nightly``), MoE under a
+caller's grad mode, per-layer divergence localisation, and the capture matrix (every architecture
+against every discovery rule) as a golden."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from harness.compare import assert_equivalent
+from harness.graphs import GraphCapturer
+from harness.models.transformers_zoo import ARCHITECTURES, VOCAB_SIZE, ArchitectureUnavailable
+from harness.pytest_support import capped_examples, current_hypothesis_profile
+from harness.runner import ForwardBatch
+from harness.runner.divergence import localise
+from harness.runner.matrices import capture_row
+
+CI_SUBSET = ("llama", "qwen3-moe", "llava", "lfm2")  # dense, MoE, VLM, hybrid (grid layout)
+# Every profile runs the subset; nightly runs the whole zoo (its examples cost seconds on a CPU).
+ZOO = tuple(a.name for a in ARCHITECTURES) if current_hypothesis_profile() == "nightly" else CI_SUBSET
+MAX_TOKENS = 16
+
+
+def _lengths():
+    return st.integers(1, 8).flatmap(lambda count: st.lists(st.integers(1, MAX_TOKENS // count), min_size=count,
+                                                            max_size=count))
+
+
+def _runner(architecture_runner, name, **options):
+    try:
+        return architecture_runner(name, **options)
+    except ArchitectureUnavailable as error:
+        pytest.skip(str(error))  # the installed transformers lacks it: the reason is in the message
+
+
+@pytest.mark.parametrize("name", ZOO)
+@capped_examples(3)
+@given(lengths=_lengths(), seed=st.integers(0, 2**16))
+def test_replay_equals_eager(architecture_runner, failure_context, device, name, lengths, seed):
+    adapter, runner = _runner(architecture_runner, name)
+    batch = ForwardBatch.from_lengths(lengths, vocab_size=VOCAB_SIZE - 2, seed=seed, device=device)
+    actual = runner.run(batch)
+    with torch.no_grad():
+        expected = adapter(batch.input_ids, batch.positions, batch)
+    try:
+        assert_equivalent(actual, expected, exact=False,
+                          context=failure_context(model=name, seed=seed, batch=batch.describe()))
+    except AssertionError as error:
+        layers = localise(runner, adapter, batch) if hasattr(runner, "layer_outputs") else "no per-layer outputs"
+        raise AssertionError(f"{error}\nper-layer divergence of {name}:\n{layers}") from None
+
+
+def test_moe_under_caller_grad_mode(architecture_runner, failure_context, device):
+    adapter, runner = _runner(architecture_runner, "qwen3-moe", requires_grad=True)
+    batch = ForwardBatch.from_lengths([3, 4, 1], vocab_size=VOCAB_SIZE - 2, seed=5, device=device)
+    with torch.enable_grad():
+        actual = runner.run(batch)
+    assert actual.next_token_logits.grad_fn is None, "replayed logits carry a grad_fn: autograd was on in the graph"
+    with torch.no_grad():
+        expected = adapter(batch.input_ids, batch.positions, batch)
+    assert_equivalent(actual, expected, exact=False,
+                      context=failure_context(model="qwen3-moe", seed=5, batch=batch.describe()))
+
+
+@pytest.mark.parametrize("name", CI_SUBSET)
+def test_no_layer_diverges(architecture_runner, device, name):
+    adapter, runner = _runner(architecture_runner, name)
+    if not hasattr(runner, "layer_outputs"):
+        pytest.skip("the runner under test records no per-layer outputs (optional: it only localises failures)")
+    report = localise(runner, adapter, ForwardBatch.from_lengths([2, 5], vocab_size=VOCAB_SIZE - 2, seed=3,
+                                                                 device=device))
+    assert report.first_divergent is None, f"{name}: replay departs from eager\n{report}"
+
+
+@pytest.fixture(scope="module")
+def capture_matrix(graph_backend, device):
+    """Every architecture against every rule (reference runner, selected graph backend)."""
+    graphs = GraphCapturer(graph_backend)
+    matrix = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for arch in ARCHITECTURES:
+            try:
+                matrix[arch.name] = capture_row(arch.name, graphs=graphs, device=device)
+            except ArchitectureUnavailable as error:
+                matrix[arch.name] = {"unavailable": str(error).split(": ", 1)[-1].split(":")[0]}
+    return matrix
+
+
+def test_harness_rule_stacks_replay_like_eager(capture_matrix):
+    # The whole capturable zoo: where the harness rule's stack captures, several requests replay it
+    # and match eager. Stacks that do not capture are recorded in the golden with the op that stopped them.
+    wrong = {name: row["harness"] for name, row in capture_matrix.items() if "harness" in row
+             and row["harness"]["captures"]
+             and not (row["harness"]["replays_several_requests"] and row["harness"]["replay_matches_eager"])}
+    assert not wrong, f"harness-rule stacks that capture but do not replay several requests like eager: {wrong}"
+
+
+def test_capture_matrix_golden(capture_matrix, snapshot):
+    # A transformers upgrade that makes a stack capturable or not shows here as a reviewable diff;
+    # the largest difference is reported (bench), not pinned: it differs by backend.
+    pinned = {name: {rule: {key: value for key, value in cell.items() if key != "max_abs_diff"}
+                     for rule, cell in row.items()} if "unavailable" not in row else row
+              for name, row in capture_matrix.items()}
+    assert pinned == snapshot

@@ -27,3 +27,13 @@ def test_localise_names_the_perturbed_layer(spec, expected):
     if expected is not None:
         assert report.max_abs_diff[:expected] == (0.0,) * expected, str(report)  # emulated float32: bitwise
         assert report.max_abs_diff[expected] > 1e-3
+
+
+def test_divergence_table_marks_the_first_divergent_layer():
+    from harness.runner.divergence import LayerDivergence, format_divergence_table
+
+    table = format_divergence_table({"llama": LayerDivergence((0.0, 2e-2), 1, 1e-5), "dbrx": "no DbrxConfig"})
+    lines = table.splitlines()
+    assert lines[1].split()[:3] == ["llama", "0", "0.000e+00"] and "ok" in lines[1]
+    assert lines[2].split()[:3] == ["llama", "1", "2.000e-02"] and "FIRST DIVERGENT" in lines[2]
+    assert "dbrx" in lines[3] and "unavailable: no DbrxConfig" in lines[3]

@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# issue 9 on the H200: the architecture suites (discovery matrix, capture equivalence of the ci
-# subset on real CUDA graphs, MoE grad mode, per-layer divergence), the capture matrix of the whole
-# zoo printed as a table, and the runner suites with the new discovery rule. Logs go to $OUT.
+# issue 9 on the H200 (< 4 minutes): the architecture suites on real CUDA graphs (discovery matrix,
+# capture equivalence of the dense/MoE/VLM/hybrid subset, MoE grad mode, per-layer divergence, the
+# capture matrix golden of the whole zoo x both rules), the runner discovery suite, the bench's
+# per-layer divergence table, and the capture matrix with its largest differences. Logs in $OUT.
 set -u
 OUT=${OUT:-/tmp/issue9-out}; mkdir -p "$OUT"
 declare -A RC
-run() { local name=$1; shift; timeout 200 "$@" >"$OUT/$name.log" 2>&1; RC[$name]=$?; }
-run architectures python -m pytest -p no:cacheprovider suites/architectures -q --device cuda --graph-backend cuda
-run runner_discovery python -m pytest -p no:cacheprovider suites/runner/test_discovery.py -q --device cuda --graph-backend cuda
+run() { local name=$1; shift; timeout 150 "$@" >"$OUT/$name.log" 2>&1; RC[$name]=$?; }
+CUDA=(--device cuda --graph-backend cuda)
+run architectures python -m pytest -p no:cacheprovider suites/runner/architectures -q -rfs "${CUDA[@]}"
+run runner_discovery python -m pytest -p no:cacheprovider suites/runner/test_discovery.py -q -rfs "${CUDA[@]}"
+run bench_divergence python -m harness bench runner "${CUDA[@]}" --models dense --dtypes float32 --batches 5 \
+    --json "$OUT/bench_runner.json"
 run capture_matrix python - <<'PY'
 import json, os, warnings, torch
 warnings.simplefilter("ignore")
@@ -20,15 +24,22 @@ for arch in ARCHITECTURES:
     try:
         rows[arch.name] = capture_row(arch.name, graphs=graphs, device="cuda")
     except ArchitectureUnavailable as error:
-        rows[arch.name] = {"unavailable": str(error)}
+        rows[arch.name] = {"unavailable": str(error)[:120]}
     except Exception as error:  # report, do not stop the matrix
         rows[arch.name] = {"error": f"{type(error).__name__}: {error}"[:200]}
-    print(arch.name, rows[arch.name], flush=True)
+    print(arch.name, json.dumps(rows[arch.name]), flush=True)
 json.dump(rows, open(os.path.join(os.environ.get("OUT", "/tmp"), "capture_matrix_cuda.json"), "w"), indent=1)
-ok = sum(1 for r in rows.values() if r.get("replay_matches_eager"))
-print(f"SUMMARY {ok}/{len(rows)} stacks capture and replay == eager on cuda")
+for rule in ("harness", "sglang"):
+    cells = [r[rule] for r in rows.values() if rule in r]
+    ok = sum(1 for c in cells if c["replay_matches_eager"])
+    worst = max((c["max_abs_diff"] for c in cells if c["max_abs_diff"] is not None), default=float("nan"))
+    stops = sorted({c["stopped_by"] for c in cells if c["stopped_by"]})
+    print(f"SUMMARY {rule}: {sum(c['captures'] for c in cells)}/{len(cells)} capture, {ok} replay == eager, "
+          f"max diff {worst:.2e}; stopped by {stops}")
 PY
+echo "== bench runner: per-layer divergence table (cuda)"; sed -n '/per-layer divergence/,$p' "$OUT/bench_divergence.log"
+echo "== capture matrix summary (cuda)"; grep SUMMARY "$OUT/capture_matrix.log"
 echo "== issue9 results (logs in $OUT)"
-for name in architectures runner_discovery capture_matrix; do
-  printf '%-18s rc=%-3s %s\n' "$name" "${RC[$name]}" "$(grep -E 'passed|failed|SUMMARY' "$OUT/$name.log" | tail -1)"
+for name in architectures runner_discovery bench_divergence capture_matrix; do
+  printf '%-18s rc=%-3s %s\n' "$name" "${RC[$name]}" "$(grep -E 'passed|failed|error|SUMMARY harness' "$OUT/$name.log" | tail -1)"
 done

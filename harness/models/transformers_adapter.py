@@ -61,8 +61,9 @@ class _OneRequest:
 class TransformersAdapter(nn.Module):
     """``TransformersAdapter(model, layout="packed")``: engine-style forward over a transformers model.
 
-    Returns each request's last-token logits (every real token's with ``batch.all_logits``).
-    Hidden-state modes other than ``none`` are refused: the transformers forward returns logits only.
+    Returns each request's last-token logits (every real token's with ``batch.all_logits``) and the
+    hidden states the batch's mode asks for: what the LM head reads (the final-normed stack output),
+    each request's last token (``last``) or every real token (``full``), in the logits' token order.
     """
 
     wrapped_model_path = "wrapped"  # discovery looks for the layer stack below this attribute
@@ -82,21 +83,35 @@ class TransformersAdapter(nn.Module):
         return torch.float32
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: Any) -> LogitsOutput:
-        if str(batch.hidden_mode) != "none":
-            raise BatchError(f"{type(self.wrapped).__name__} through the adapter returns logits only; "
-                             f"hidden_mode={batch.hidden_mode} is not supported")
-        if self.layout != "packed":
-            return self._grid_forward(input_ids, positions, batch)
-        tokens = input_ids.shape[0]
-        mask = packed_causal_mask(batch, tokens, dtype=self._dtype(), device=input_ids.device)
-        output = self.wrapped(input_ids=input_ids[None], position_ids=positions[None], attention_mask=mask,
-                              use_cache=False)
-        logits = output.logits[0]
-        if batch.all_logits:
-            return LogitsOutput(logits[:batch.num_tokens])
-        return LogitsOutput(logits.index_select(0, batch.last_indices))
+        mode = str(batch.hidden_mode)
+        # The LM head's input is the hidden state an engine hands out; it runs eagerly, after the stack.
+        seen: list[torch.Tensor] = []
+        head = self.wrapped.get_output_embeddings()
+        handle = head.register_forward_hook(lambda _m, args, _o: seen.append(args[0])) if mode != "none" else None
+        try:
+            if self.layout != "packed":
+                logits, hidden = self._grid_forward(input_ids, batch, seen)
+            else:
+                tokens = input_ids.shape[0]
+                mask = packed_causal_mask(batch, tokens, dtype=self._dtype(), device=input_ids.device)
+                output = self.wrapped(input_ids=input_ids[None], position_ids=positions[None], attention_mask=mask,
+                                      use_cache=False)
+                logits, hidden = self._select(output.logits[0], seen[-1][0] if seen else None, batch)
+        finally:
+            if handle is not None:
+                handle.remove()
+        return LogitsOutput(logits, hidden if mode != "none" else None)
 
-    def _grid_forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: Any) -> LogitsOutput:
+    @staticmethod
+    def _select(logits: torch.Tensor, hidden: torch.Tensor | None, batch: Any) -> tuple[torch.Tensor, Any]:
+        """Per-token ``logits``/``hidden`` (packed order) cut to what the batch asks for."""
+        last = batch.last_indices
+        logits = logits[:batch.num_tokens] if batch.all_logits else logits.index_select(0, last)
+        if hidden is not None:
+            hidden = hidden[:batch.num_tokens] if str(batch.hidden_mode) == "full" else hidden.index_select(0, last)
+        return logits, hidden
+
+    def _grid_forward(self, input_ids: torch.Tensor, batch: Any, seen: list[torch.Tensor]) -> tuple[torch.Tensor, Any]:
         if batch.num_requests > self.rows:
             raise BatchError(f"the grid layout holds {self.rows} requests; got {batch.describe()}")
         columns = input_ids.shape[0]
@@ -111,8 +126,8 @@ class TransformersAdapter(nn.Module):
             causal = _OneRequest(columns)
             extra["attention_mask"] = packed_causal_mask(causal, columns, dtype=self._dtype(), device=device)
         output = self.wrapped(input_ids=ids, use_cache=False, **extra)
-        logits = output.logits
-        if batch.all_logits:
-            return LogitsOutput(torch.cat([logits[row, :length] for row, length in enumerate(batch.seq_lens)]))
-        last = torch.stack([logits[row, length - 1] for row, length in enumerate(batch.seq_lens)])
-        return LogitsOutput(last)
+
+        def packed(grid: torch.Tensor) -> torch.Tensor:  # rows back to the batch's packed token order
+            return torch.cat([grid[row, :length] for row, length in enumerate(batch.seq_lens)])
+
+        return self._select(packed(output.logits), packed(seen[-1]) if seen else None, batch)

@@ -10,7 +10,7 @@ tells a tolerance question (a slow drift) from a bug (one layer jumps).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Iterable, Mapping
 
 import torch
 from torch import nn
@@ -19,7 +19,8 @@ from harness.compare import tolerance_for
 from harness.batch import ForwardBatch
 from harness.runner.discovery import layer_list
 
-__all__ = ["LayerDivergence", "eager_layer_outputs", "localise"]
+__all__ = ["LayerDivergence", "eager_layer_outputs", "localise", "architecture_divergence", "format_divergence_table",
+           "DIVERGENCE_ARCHITECTURES"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,3 +93,49 @@ def localise(runner: Any, model: nn.Module, batch: ForwardBatch) -> LayerDiverge
             first = index
             break
     return LayerDivergence(tuple(diffs), first, atol)
+
+
+# The bench's default: a dense, an MoE, a VLM and a hybrid of the transformers zoo.
+DIVERGENCE_ARCHITECTURES = ("llama", "qwen3-moe", "llava", "lfm2")
+
+
+def architecture_divergence(names: Iterable[str] = DIVERGENCE_ARCHITECTURES, *, graphs: Any,
+                            device: torch.device | str = "cpu", runner_factory: Any = None,
+                            lengths: tuple[int, ...] = (3, 5, 2), seed: int = 0) -> dict[str, LayerDivergence | str]:
+    """Per-layer divergence of ``runner_factory`` (the reference runner by default; called as
+    ``factory(model, buckets=..., graphs=graphs)``) on transformers-zoo architectures ``names``, one
+    batch of ``lengths`` each; an unavailable architecture maps to its reason."""
+    import warnings
+
+    from harness.models.transformers_adapter import TransformersAdapter
+    from harness.models.transformers_zoo import VOCAB_SIZE, ArchitectureUnavailable, architecture, build_architecture
+
+    if runner_factory is None:
+        from harness.runner.runner import LayerStackRunner as runner_factory
+    batch = ForwardBatch.from_lengths(list(lengths), vocab_size=VOCAB_SIZE - 2, seed=seed, device=device)
+    reports: dict[str, LayerDivergence | str] = {}
+    for name in names:
+        try:
+            adapter = TransformersAdapter(build_architecture(name, seed=seed, device=device),
+                                          layout=architecture(name).layout)
+        except ArchitectureUnavailable as error:
+            reports[name] = str(error)
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            runner = runner_factory(adapter, buckets=(16,), graphs=graphs)
+        reports[name] = localise(runner, adapter, batch)
+    return reports
+
+
+def format_divergence_table(reports: Mapping[str, LayerDivergence | str]) -> str:
+    """One line per architecture and layer: the largest |replay - eager| up to the first divergence."""
+    lines = [f"{'architecture':14} {'layer':>5} {'max|replay-eager|':>18}  verdict"]
+    for name, report in reports.items():
+        if isinstance(report, str):
+            lines.append(f"{name:14} {'-':>5} {'-':>18}  unavailable: {report}")
+            continue
+        for index, diff in enumerate(report.max_abs_diff):
+            verdict = "FIRST DIVERGENT" if index == report.first_divergent else f"ok (atol {report.atol:.0e})"
+            lines.append(f"{name:14} {index:5d} {diff:18.3e}  {verdict}")
+    return "\n".join(lines)

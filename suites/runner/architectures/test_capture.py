@@ -1,7 +1,7 @@
-"""Capturing real transformers layer stacks: replay equals eager for batches of 1 to 8 requests (a
-dense, an MoE, a VLM and a hybrid in every profile, the whole zoo under ``nightly``), MoE under a
-caller's grad mode, per-layer divergence localisation, and the capture matrix (every architecture
-against every discovery rule) as a golden."""
+"""Capturing real transformers layer stacks: replay equals eager for batches of 1 to 8 requests in
+every hidden-state mode (a dense, an MoE, a VLM and a hybrid in every profile, the whole zoo under
+``nightly``), MoE under a caller's grad mode, per-layer divergence localisation, and the capture
+matrix (every architecture against every discovery rule) as a golden."""
 
 from __future__ import annotations
 
@@ -40,10 +40,12 @@ def _runner(architecture_runner, name, **options):
 
 @pytest.mark.parametrize("name", ZOO)
 @capped_examples(3)
-@given(lengths=_lengths(), seed=st.integers(0, 2**16))
-def test_replay_equals_eager(architecture_runner, failure_context, device, name, lengths, seed):
+@given(lengths=_lengths(), seed=st.integers(0, 2**16), mode=st.sampled_from(["none", "last", "full"]),
+       all_logits=st.booleans())
+def test_replay_equals_eager(architecture_runner, failure_context, device, name, lengths, seed, mode, all_logits):
     adapter, runner = _runner(architecture_runner, name)
-    batch = ForwardBatch.from_lengths(lengths, vocab_size=VOCAB_SIZE - 2, seed=seed, device=device)
+    batch = ForwardBatch.from_lengths(lengths, vocab_size=VOCAB_SIZE - 2, seed=seed, device=device,
+                                      hidden_mode=mode, all_logits=all_logits)
     actual = runner.run(batch)
     with torch.no_grad():
         expected = adapter(batch.input_ids, batch.positions, batch)

@@ -1,10 +1,10 @@
-"""Fixtures of the architecture suites: the transformers zoo, built once for this folder, and
+"""Fixtures of the architecture suites: the transformers zoo, built once per session, and
 runners of the implementation under test over it (through the engine-style adapter)."""
 
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import pytest
 import torch
@@ -17,17 +17,7 @@ SEED = 7
 BUCKETS = (8, 16)
 
 
-@pytest.fixture(scope="package", autouse=True)
-def one_intra_op_thread() -> Iterator[None]:
-    """Tiny models (hidden size 32) gain nothing from intra-op threads, and on a shared CPU the idle
-    threads' spinning cost several times the work: one thread while this folder runs."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
-@pytest.fixture(scope="package")
+@pytest.fixture(scope="session")
 def zoo_discovery_matrix(one_intra_op_thread: None) -> dict[str, Any]:
     """The discovery matrix of the whole zoo, computed once (builds every architecture)."""
     with warnings.catch_warnings():
@@ -35,11 +25,11 @@ def zoo_discovery_matrix(one_intra_op_thread: None) -> dict[str, Any]:
         return discovery_matrix(seed=SEED)
 
 
-@pytest.fixture(scope="package")
+@pytest.fixture(scope="session")
 def architecture_runner(one_intra_op_thread: None, runner_factory: Any, graph_capturer: Any,
                         device: torch.device) -> Callable[..., tuple[Any, Any]]:
-    """``architecture_runner(name, requires_grad=False)`` -> ``(adapter, runner)``, captured once for
-    this folder with the ``runner`` and ``graphs`` implementations under test."""
+    """``architecture_runner(name, requires_grad=False)`` -> ``(adapter, runner)``, captured once per
+    session with the ``runner`` and ``graphs`` implementations under test."""
     factory, capturer = runner_factory, graph_capturer
     cache: dict[tuple[str, bool], tuple[Any, Any]] = {}
 

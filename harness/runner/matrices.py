@@ -120,14 +120,15 @@ def _first_line(error: BaseException) -> str:
 
 def _capture_cell(adapter: TransformersAdapter, rule: DiscoveryRule, *, graphs: Any, buckets: tuple[int, ...],
                   seed: int, device: torch.device | str) -> dict[str, Any]:
-    cell: dict[str, Any] = {"captures": False, "stopped_by": None, "replays_several_requests": None,
+    cell: dict[str, Any] = {"captures": False, "stop_kind": None, "stopped_by": None, "replays_several_requests": None,
                             "replay_matches_eager": None, "max_abs_diff": None}
     try:
         runner = LayerStackRunner(adapter, buckets=buckets, graphs=graphs, rules=(rule,))
-    except CaptureError as error:  # names the op that stops a real CUDA graph too
-        return {**cell, "stopped_by": str(error).split(" cannot be captured")[0].splitlines()[0][:200]}
+    except CaptureError as error:  # the emulated backend names the op (CUDA's own message does not)
+        return {**cell, "stop_kind": "CaptureError",
+                "stopped_by": str(error).split(" cannot be captured")[0].splitlines()[0][:200]}
     except Exception as error:  # real HF code under capture: record what stopped it, keep the matrix going
-        return {**cell, "stopped_by": _first_line(error)}
+        return {**cell, "stop_kind": type(error).__name__, "stopped_by": _first_line(error)}
     batch = ForwardBatch.from_lengths(list(MATRIX_LENGTHS), vocab_size=VOCAB_SIZE - 2, seed=seed, device=device)
     several = bool(runner.can_run(batch))
     if not several:  # a fallback replays single requests only: check one of the same token count
@@ -136,7 +137,8 @@ def _capture_cell(adapter: TransformersAdapter, rule: DiscoveryRule, *, graphs: 
     try:
         actual = runner.replay(batch).next_token_logits
     except Exception as error:
-        return {**cell, "stopped_by": f"replay: {_first_line(error)}", "replay_matches_eager": False}
+        return {**cell, "stop_kind": f"replay: {type(error).__name__}", "stopped_by": f"replay: {_first_line(error)}",
+                "replay_matches_eager": False}
     with torch.no_grad():
         expected = adapter(batch.input_ids, batch.positions, batch).next_token_logits
     tol = tolerance_for(expected.dtype)
@@ -150,9 +152,11 @@ def capture_row(name: str, *, graphs: Any, device: torch.device | str = "cpu", r
     """``{rule: cell}`` for architecture ``name``: each rule's stack (chosen below the adapter, see
     :func:`rule_below_adapter`) captured for ``buckets`` and replayed on :data:`MATRIX_LENGTHS` (a
     single request of as many tokens where the rule fell back). A cell: the path and fallback flag,
-    ``captures`` (or ``stopped_by``: the :class:`CaptureError` naming the op, or what else raised),
-    ``replays_several_requests``, ``replay_matches_eager`` (tolerance table) and ``max_abs_diff``
-    (for reports, not goldens: it differs by backend). Rules choosing the same module share a cell.
+    ``captures`` (or ``stop_kind``, the exception class, and ``stopped_by``, its first line: the
+    :class:`CaptureError` naming the op on the emulated backend), ``replays_several_requests``,
+    ``replay_matches_eager`` (tolerance table) and ``max_abs_diff``. ``stopped_by`` and
+    ``max_abs_diff`` are for reports, not goldens: they differ by backend. Rules choosing the same
+    module share a cell.
     """
     model = build_architecture(name, seed=seed, device=device)
     adapter = TransformersAdapter(model, layout=architecture(name).layout)

@@ -11,8 +11,8 @@ run() { local name=$1 limit=$2; shift 2; timeout "$limit" "$@" >"$OUT/$name.log"
 CUDA=(--device cuda --graph-backend cuda)
 run architectures 75 python -m pytest -p no:cacheprovider suites/runner/architectures -q -rfs "${CUDA[@]}"
 run runner_discovery 45 python -m pytest -p no:cacheprovider suites/runner/test_discovery.py -q -rfs "${CUDA[@]}"
-run bench_divergence 45 python -m harness bench runner "${CUDA[@]}" --models dense --dtypes float32 --batches 5 \
-    --json "$OUT/bench_runner.json"
+run bench_divergence 45 python -m harness bench runner "${CUDA[@]}" --models dense --sizes tiny --compositions "3;2,2,2" \
+    --repeat 3 --json "$OUT/bench_runner.json"
 run capture_matrix 60 python - <<'PY'
 import json, os, warnings, torch
 warnings.simplefilter("ignore")

@@ -11,9 +11,9 @@ model on the same batch:
   the model's eager glue (embedding, logits; measured alone with the layer stack stubbed) and the
   runner's own host overhead (copies into static buffers, padding, handing out, the patch);
 * per bucket: capture time, pool memory (CUDA), segments and breaks;
-* last, the per-layer divergence table (:mod:`harness.runner.divergence`): the largest
+* last, the per-layer divergence table (harness.runner.divergence): the largest
   |replay - eager| of every decoder layer of a dense, an MoE, a VLM and a hybrid transformers-zoo
-  architecture (``--architectures``), up to the first layer beyond the tolerance.
+  architecture (--architectures), up to the first layer beyond the tolerance.
 """
 
 from __future__ import annotations

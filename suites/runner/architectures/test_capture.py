@@ -9,7 +9,7 @@ import warnings
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from harness.compare import assert_equivalent

@@ -40,6 +40,7 @@ __all__ = [
     "HYPOTHESIS_PROFILES",
     "current_hypothesis_profile",
     "SYRUPY_MISSING",
+    "capped_examples",
 ]
 
 
@@ -186,6 +187,14 @@ def apply_reproduce_failure(config: pytest.Config, items: list[pytest.Item]) -> 
                                 "state machine in its module)")
     for machine in machines:
         reproduce_failure(version, blob)(machine)
+
+
+def capped_examples(max_examples: int) -> settings:
+    """Per-test settings: at most ``max_examples`` examples, except under ``nightly``, which keeps its
+    own count (for tests whose examples cost seconds: real architectures on a CPU)."""
+    if current_hypothesis_profile() == "nightly":
+        return settings()
+    return settings(max_examples=min(max_examples, settings.default.max_examples))
 
 
 def _set_up_xdist_worker() -> None:

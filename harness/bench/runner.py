@@ -10,7 +10,10 @@ model on the same batch:
   run, and the run split into the captured segments' GPU time, the eager breaks, and the rest:
   the model's eager glue (embedding, logits; measured alone with the layer stack stubbed) and the
   runner's own host overhead (copies into static buffers, padding, handing out, the patch);
-* per bucket: capture time, pool memory (CUDA), segments and breaks.
+* per bucket: capture time, pool memory (CUDA), segments and breaks;
+* last, the per-layer divergence table (harness.runner.divergence): the largest
+  |replay - eager| of every decoder layer of a dense, an MoE, a VLM and a hybrid transformers-zoo
+  architecture (--architectures), up to the first layer beyond the tolerance.
 """
 
 from __future__ import annotations
@@ -33,6 +36,12 @@ from harness.graphs._breakable import Break
 from harness.models import build_model
 from harness.models.engine import ModelConfig
 from harness.runner import ForwardBatch, discover_layer_model
+from harness.runner.divergence import (
+    DIVERGENCE_ARCHITECTURES,
+    LayerDivergence,
+    architecture_divergence,
+    format_divergence_table,
+)
 
 __all__ = ["COMPONENTS", "SIZES", "FULL", "QUICK", "add_options", "run", "figures_of", "format_table", "plot"]
 
@@ -65,6 +74,9 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                              "1 token, 3 tokens, 4 requests of 8, 16 and 31 tokens)")
     parser.add_argument("--buckets", default=None,
                         help=f"token-count buckets, comma-separated (default {FULL['buckets']})")
+    parser.add_argument("--architectures", default=",".join(DIVERGENCE_ARCHITECTURES),
+                        help="transformers-zoo architectures of the per-layer divergence table, comma-separated "
+                             "(empty: no table)")
     parser.add_argument("--dtype", choices=tuple(_DTYPES), default=None,
                         help="model dtype (default bfloat16 on CUDA, float32 on the emulation)")
 
@@ -304,7 +316,12 @@ def run(options: argparse.Namespace, *, device: torch.device, backend: Any, impl
                 row = _measure_batch(runner, model, capturer, lengths, device=device, repeat=repeat, config=config)
                 rows.append({"model": name, "size": size, "kind": "batch", **row})
             del runner, model, capturer
-    return Result(settings, rows, figures_of(rows))
+    names = [n.strip() for n in options.architectures.split(",") if n.strip()]
+    divergence = architecture_divergence(names, graphs=GraphCapturer(backend), device=device,
+                                         runner_factory=implementation.obj)
+    extra = {"layer_divergence": {name: report if isinstance(report, str) else dataclasses.asdict(report)
+                                  for name, report in divergence.items()}}
+    return Result(settings, rows, figures_of(rows), extra)
 
 
 def figures_of(rows: list[dict[str, Any]]) -> dict[str, Figure]:
@@ -365,6 +382,12 @@ def format_table(result: Result, *, device: torch.device) -> str:
     if on_cuda:
         lines.append("times: median ±(interquartile range / median) over the repeats; GPU timeline by CUDA events. "
                      "run = segments + breaks + glue + runner; 'runner' is the runner's host overhead.")
+    divergence = result.extra.get("layer_divergence") or {}
+    if divergence:
+        lines += ["", "per-layer divergence of the layer stack, replay vs eager (transformers zoo):",
+                  format_divergence_table({name: report if isinstance(report, str) else LayerDivergence(
+                      tuple(report["max_abs_diff"]), report["first_divergent"], report["atol"])
+                      for name, report in divergence.items()})]
     return "\n".join(lines)
 
 

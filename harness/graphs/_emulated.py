@@ -10,7 +10,8 @@ again on the same tensors. What that reproduces of CUDA graphs:
   graph's, like a CUDA graph's private pool), so downstream ops and the caller see new values.
 * Random ops draw fresh numbers at every replay, as CUDA's philox offsets advance.
 * Ops CUDA refuses during capture (host syncs, data-dependent shapes, copies to the host; see
-  :mod:`harness.graphs._capture_rules`) raise :class:`~harness.errors.CaptureError` naming the op.
+  :mod:`harness.graphs._capture_rules`) raise :class:`~harness.errors.CaptureError` naming the op,
+  and so does ``Tensor.tolist()``, which reads CPU tensors without dispatching an op.
 * A tensor that came from outside the capture is held weakly. If its owner releases it, the next
   replay raises :class:`~harness.errors.GraphHazardError`: on CUDA its memory could be reused.
 
@@ -48,7 +49,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from harness.errors import GraphHazardError
+from harness.errors import CaptureError, GraphHazardError
 from harness.graphs._backend import GraphBackend
 from harness.graphs._capture_rules import check_capturable
 
@@ -189,6 +190,27 @@ class _EmulatedRecording:
             yield
 
 
+@contextlib.contextmanager
+def _refuse_tolist() -> Iterator[None]:
+    """``Tensor.tolist()`` reads CPU tensors without dispatching an op, so the recorder never sees it;
+    on CUDA it is a host sync (``aten._local_scalar_dense``) that capture refuses. Refuse it here too
+    (transformers' JetMoE routes with ``expert_size.tolist()``: the emulation would otherwise freeze
+    the capture-time split and replay wrong results silently)."""
+    original = torch.Tensor.tolist
+
+    def tolist(self: torch.Tensor) -> Any:
+        raise CaptureError(
+            "aten._local_scalar_dense (Tensor.tolist) cannot be captured in a graph: it synchronises with the "
+            "host. Move it out of the captured region (compute it before capture, or run it in an eager break)."
+        )
+
+    torch.Tensor.tolist = tolist  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        torch.Tensor.tolist = original  # type: ignore[method-assign]
+
+
 class EmulatedBackend(GraphBackend):
     """CPU (or any device) stand-in for CUDA graphs; see the module docstring for its limits."""
 
@@ -211,7 +233,7 @@ class EmulatedBackend(GraphBackend):
     def capture_context(self) -> Iterator[None]:
         # Dynamo skips a frame that runs under a dispatch mode and remembers the skip, so without
         # this a compiled function captured here would run eagerly for the rest of the process.
-        with torch.compiler.set_stance("force_eager"):
+        with torch.compiler.set_stance("force_eager"), _refuse_tolist():
             yield
 
     def begin_segment(self, pool: _EmulatedPool) -> _EmulatedRecording:

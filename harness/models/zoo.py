@@ -108,6 +108,10 @@ _BUILDERS: dict[str, Callable[[ModelConfig], nn.Module]] = {
     "odd-lm-is-base": BaseAsLanguageModel,
     "odd-wrapped-stack": lambda config: ModuleWrapper(CausalLM(config)),
     "paged-decoder": PagedDecoderLM,
+    # No rule finds this stack: its layer list has a name no engine uses, under a name no engine uses,
+    # so discovery must fall back to the whole model (single requests replay, several run eagerly).
+    "odd-unnamed-layers": lambda config: CausalLM(
+        config, EngineModel(config, layers_attribute="stages"), stack_attribute="backbone"),
 }
 
 MODEL_NAMES: tuple[str, ...] = tuple(_BUILDERS)

@@ -299,3 +299,34 @@ class VerifyKeepsLastHidden(LayerStackRunner):
         if padded.all_logits and padded.hidden_mode == HiddenMode.FULL:
             return dataclasses.replace(padded, hidden_mode=HiddenMode.LAST)
         return padded
+
+
+# -- divergence localisation (suites/runner/architectures) --------------------------------------
+
+
+@MUTANTS.add("perturb-middle-layer", bug="captures a small error into the middle decoder layer: replays differ from "
+                                        "eager from that layer on")
+class PerturbsMiddleLayerAtReplay(LayerStackRunner):
+    @contextlib.contextmanager
+    def record_layers(self, static: StaticInputs) -> Iterator[None]:
+        # A hook live only while capturing: the perturbation is in the graph, so every replay carries
+        # it and eager never does, as a miscompiled or mis-fused kernel of one layer would.
+        from harness.runner.discovery import layer_list
+
+        found = layer_list(self.layer_model)
+        handle = None
+        if found is not None:
+            middle = found[1][len(found[1]) // 2]
+
+            def perturb(module: Any, args: Any, output: Any) -> Any:
+                if isinstance(output, tuple):
+                    return (output[0] + 1e-2, *output[1:])
+                return output + 1e-2
+
+            handle = middle.register_forward_hook(perturb)
+        try:
+            with super().record_layers(static):
+                yield
+        finally:
+            if handle is not None:
+                handle.remove()

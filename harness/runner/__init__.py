@@ -13,7 +13,10 @@ from harness.runner.discovery import (
     DiscoveryResult,
     DiscoveryRule,
     DiscoveryWarning,
+    RULES,
     discover_layer_model,
+    harness_rule,
+    layer_list,
     sglang_rule,
 )
 from harness.runner.runner import LayerStackRunner, RunnerStats, StaticInputs
@@ -31,6 +34,9 @@ __all__ = [
     "DEFAULT_RULES",
     "discover_layer_model",
     "sglang_rule",
+    "harness_rule",
+    "RULES",
+    "layer_list",
     "LayerStackRunner",
     "RunnerStats",
     "StaticInputs",

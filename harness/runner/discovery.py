@@ -1,11 +1,16 @@
 """Module discovery: which module's ``forward`` is the transformer layer stack to capture.
 
 A *rule* is a callable ``rule(model) -> DiscoveryResult``; its result says which module, by which
-dotted path from the model, and whether the rule fell back (found no layer stack and chose a
-broader module). :func:`discover_layer_model` tries its rules in order, takes the first that did
-not fall back, and otherwise falls back to the first rule's choice with a
-:class:`DiscoveryWarning` (or a :class:`~harness.errors.DiscoveryError` in strict mode).
-:func:`sglang_rule` is the reference rule; add rules for other layouts without touching it.
+dotted path from the model, whether the rule fell back (found no layer stack and chose a broader
+module) and whether it had to search the module tree. :func:`discover_layer_model` tries its rules
+in order and takes the first that found the stack at a known path; a searched result comes next
+and a fallback last, each with a :class:`DiscoveryWarning` (or a
+:class:`~harness.errors.DiscoveryError` in strict mode).
+
+Two rules ship: :func:`harness_rule` (the default) returns the module that owns the decoder-layer
+list and returns hidden states, never a vision or audio tower, on every architecture of the
+transformers zoo; :func:`sglang_rule` is SGLang's rule, unchanged, kept to compare against. A user
+passes their own rule (any callable) or a sequence of rules; :data:`RULES` names the shipped ones.
 """
 
 from __future__ import annotations
@@ -23,8 +28,12 @@ __all__ = [
     "DiscoveryRule",
     "DiscoveryWarning",
     "sglang_rule",
+    "harness_rule",
+    "RULES",
     "DEFAULT_RULES",
     "discover_layer_model",
+    "layer_list",
+    "is_tower",
 ]
 
 
@@ -42,6 +51,7 @@ class DiscoveryResult:
     fell_back: bool
     rule: str
     tried: tuple[str, ...] = ()
+    searched: bool = False  # found the stack, but by searching the module tree, not at a known path
 
     def summary(self) -> dict[str, Any]:
         """Plain data for goldens and reports (no module objects)."""
@@ -49,6 +59,7 @@ class DiscoveryResult:
             "module_class": type(self.module).__name__,
             "path": self.path or "<root>",
             "fell_back": self.fell_back,
+            "searched": self.searched,
             "rule": self.rule,
             "tried": list(self.tried),
         }
@@ -73,29 +84,147 @@ def sglang_rule(model: nn.Module) -> DiscoveryResult:
     return DiscoveryResult(language_model, base, True, "sglang", tried)
 
 
-DEFAULT_RULES: tuple[DiscoveryRule, ...] = (sglang_rule,)
+# Where decoder layers live: ``layers`` (Llama and most), ``h`` (GPT-2, Bloom, Falcon, ...), ``blocks`` (MPT).
+LAYER_LIST_NAMES = ("layers", "h", "blocks", "layer")
+# Path components and class-name fragments of modality towers and their projectors, never the text stack.
+_TOWER_WORDS = ("vision", "visual", "audio", "speech", "image", "video", "vit", "siglip", "clip", "pixtral",
+                "multi_modal", "mm_projector", "connector", "resampler", "perceiver", "whisper")
+# Modules that map hidden states to the vocabulary: a module holding one returns logits.
+_HEAD_NAMES = ("lm_head", "embed_out", "logits_processor", "output_projection")
+# Known places of the text stack below the model, in order: SGLang's two, the transformers 5.x VLM
+# layout, a base model used as the language model, Idefics-style text models, OPT-style decoders.
+_KNOWN_PATHS = ("language_model.model", "model", "model.language_model", "language_model", "model.text_model",
+                "model.decoder", "")
 
 
-def discover_layer_model(model: nn.Module, *, rules: Sequence[DiscoveryRule] = DEFAULT_RULES,
-                         strict: bool = False) -> DiscoveryResult:
-    """Find the layer stack of ``model``.
+def layer_list(module: nn.Module) -> tuple[str, nn.ModuleList] | None:
+    """The decoder-layer list ``module`` owns directly (attribute name and list), or ``None``."""
+    for name in LAYER_LIST_NAMES:
+        candidate = module._modules.get(name)
+        if isinstance(candidate, nn.ModuleList) and len(candidate):
+            return name, candidate
+    return None
 
-    When every rule falls back: ``strict=True`` raises :class:`DiscoveryError`; otherwise the first
-    rule's fallback is returned and a :class:`DiscoveryWarning` names the model class and the paths
-    tried, because capturing a broader module puts batch-size dependent code in the graph.
+
+def is_tower(path: str, module: nn.Module) -> bool:
+    """Whether ``module`` (at ``path``) is a vision/audio tower or a projector, judged by its path and class."""
+    words = [part.lower() for part in path.split(".") if part] + [type(module).__name__.lower()]
+    return any(word in part for part in words for word in _TOWER_WORDS)
+
+
+def _holds_head(module: nn.Module) -> bool:
+    return any(isinstance(module._modules.get(name), nn.Module) for name in _HEAD_NAMES)
+
+
+def _is_stack(path: str, module: nn.Module | None) -> bool:
+    return (isinstance(module, nn.Module) and layer_list(module) is not None and not _holds_head(module)
+            and not is_tower(path, module))
+
+
+def _submodule(model: nn.Module, path: str) -> nn.Module | None:
+    module: Any = model
+    for part in filter(None, path.split(".")):
+        module = getattr(module, part, None) if isinstance(module, nn.Module) else None
+    return module if isinstance(module, nn.Module) else None
+
+
+def harness_rule(model: nn.Module) -> DiscoveryResult:
+    """The harness's rule: the module that owns the decoder-layer list and holds no LM head (so its
+    forward returns hidden states), outside any vision or audio tower.
+
+    Known paths first (:data:`_KNOWN_PATHS`, then the transformers ``base_model_prefix`` with its
+    ``decoder``/``language_model``/``text_model``); otherwise a breadth-first search of the module
+    tree, shallowest stack first, the longest layer list on a tie (``searched=True``); otherwise
+    the model itself (``fell_back=True``).
     """
+    wrapped = getattr(model, "wrapped_model_path", None)  # an adapter names the model it wraps
+    if isinstance(wrapped, str) and isinstance(_submodule(model, wrapped), nn.Module):
+        inner = harness_rule(_submodule(model, wrapped))
+        if not inner.fell_back:
+            return dataclasses.replace(inner, path=_join(wrapped, inner.path),
+                                       tried=tuple(_join(wrapped, path) for path in inner.tried))
+    prefix = getattr(model, "base_model_prefix", "") or ""
+    known = list(_KNOWN_PATHS)
+    if prefix and isinstance(getattr(model, prefix, None), nn.Module):
+        known[-1:-1] = [prefix, *(_join(prefix, inner) for inner in ("decoder", "language_model", "text_model"))]
+    known = list(dict.fromkeys(known))
+    for path in known:
+        module = _submodule(model, path)
+        if _is_stack(path, module):
+            return DiscoveryResult(module, path, False, "harness", tuple(known))
+    found: list[tuple[int, int, str, nn.Module]] = []
+    for path, module in model.named_modules(remove_duplicate=True):
+        if _is_stack(path, module) and not any(is_tower(p, m) for p, m in _ancestors(model, path)):
+            found.append((path.count(".") if path else -1, -len(layer_list(module)[1]), path, module))
+    tried = (*known, "<search>")
+    if found:
+        _, _, path, module = min(found, key=lambda item: item[:3])
+        return DiscoveryResult(module, path, False, "harness", tried, searched=True)
+    return DiscoveryResult(model, "", True, "harness", tried)
+
+
+def _ancestors(model: nn.Module, path: str) -> list[tuple[str, nn.Module]]:
+    parts = path.split(".") if path else []
+    return [(".".join(parts[:i]), _submodule(model, ".".join(parts[:i]))) for i in range(1, len(parts))]
+
+
+RULES: dict[str, DiscoveryRule] = {"harness": harness_rule, "sglang": sglang_rule}
+DEFAULT_RULES: tuple[DiscoveryRule, ...] = (harness_rule,)
+
+
+def _as_rules(rules: Sequence[DiscoveryRule] | DiscoveryRule | str) -> tuple[DiscoveryRule, ...]:
+    if isinstance(rules, str) or callable(rules):
+        rules = (rules,)  # type: ignore[assignment]
+    resolved = []
+    for rule in rules:  # type: ignore[union-attr]
+        if isinstance(rule, str):
+            if rule not in RULES:
+                raise DiscoveryError(f"unknown discovery rule {rule!r}; named rules: {', '.join(RULES)}")
+            rule = RULES[rule]
+        if not callable(rule):
+            raise DiscoveryError(f"a discovery rule is a callable rule(model) -> DiscoveryResult, got {rule!r}")
+        resolved.append(rule)
+    return tuple(resolved)
+
+
+def discover_layer_model(model: nn.Module, *, rules: Sequence[DiscoveryRule] | DiscoveryRule | str = DEFAULT_RULES,
+                         strict: bool = False) -> DiscoveryResult:
+    """Find the layer stack of ``model`` with ``rules`` (callables, names from :data:`RULES`, or one of either).
+
+    A rule that found the stack at a known path wins. Otherwise a rule that found it by searching
+    is taken with a :class:`DiscoveryWarning` naming the path (``strict=True`` raises
+    :class:`DiscoveryError` instead: a searched path is a guess a user should confirm). When every
+    rule falls back, the first rule's fallback is returned with a warning naming the model class and
+    the paths tried (strict: raises), because capturing a broader module puts batch-size dependent
+    code in the graph.
+    """
+    rules = _as_rules(rules)
     if not rules:
         raise DiscoveryError("discover_layer_model needs at least one rule")
     results = [rule(model) for rule in rules]
     for result in results:
+        if not result.fell_back and not result.searched:
+            return result
+    for result in results:
         if not result.fell_back:
+            where = f"model.{result.path} ({type(result.module).__name__}, rule {result.rule!r})"
+            if strict:
+                raise DiscoveryError(
+                    f"the layer stack of {type(model).__name__} is at no known path; strict discovery refuses the "
+                    f"search result {where}. Pass rules=[...] with a rule that knows this layout.")
+            message = (
+                f"the layer stack of {type(model).__name__} is at no known path; a search of the module tree chose "
+                f"{where}: the module owning the decoder-layer list with no LM head. Pass rules=[...] with your "
+                "own rule to make this explicit."
+            )
+            warnings.warn(message, DiscoveryWarning, stacklevel=2)
             return result
     tried = tuple(path for result in results for path in result.tried)
     chosen = results[0]
     where = f"model.{chosen.path}" if chosen.path else "the model itself"
     message = (
-        f"no transformer layer stack found in {type(model).__name__}: none of the paths {list(tried)} exists "
-        f"with a '.layers' attribute; falling back to {where} ({type(chosen.module).__name__}). Its forward "
+        f"no transformer layer stack found in {type(model).__name__}: none of the paths {list(tried)} holds "
+        f"a decoder-layer list ({'/'.join(LAYER_LIST_NAMES)}) without an LM head; falling back to {where} ({type(chosen.module).__name__}). Its forward "
         "holds batch-size dependent code, so only single-request batches can replay its graph."
     )
     if strict:

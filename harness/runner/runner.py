@@ -13,10 +13,15 @@ processing and anything else batch-size dependent stays out of the graph); the o
 put back in ``finally``; outputs are sliced to the real token count and copied, so a later replay
 never overwrites what a caller holds.
 
+Per-layer recording: during capture, a forward hook on each decoder layer of the stack keeps an
+in-graph copy of the layer's output, so every replay refreshes them; :meth:`LayerStackRunner.layer_outputs`
+hands them out after a replay, for divergence localisation (:mod:`harness.runner.divergence`).
+
 Seams a subclass may override, one behaviour each: :meth:`discover`, :meth:`bucket_for`,
 :meth:`can_run`, :meth:`autograd_off`, :meth:`publish`, :meth:`patched_forward`, :meth:`pad`,
-:meth:`slice_output`, :meth:`hand_out`, :meth:`run_eagerly`, and ``static_inputs_class``
-(:meth:`StaticInputs.load`); :attr:`in_replay` tells an override whether a replay is under way.
+:meth:`slice_output`, :meth:`hand_out`, :meth:`run_eagerly`, :meth:`record_layers`, and
+``static_inputs_class`` (:meth:`StaticInputs.load`); :attr:`in_replay` tells an override whether a
+replay is under way.
 """
 
 from __future__ import annotations
@@ -32,7 +37,13 @@ from harness import observations
 from harness.errors import BucketError, CaptureError, ReplayError
 from harness.graphs import BreakableGraph
 from harness.batch import ForwardBatch, HiddenMode, forward_context, select_bucket, validate_buckets
-from harness.runner.discovery import DEFAULT_RULES, DiscoveryResult, DiscoveryRule, discover_layer_model
+from harness.runner.discovery import (
+    DEFAULT_RULES,
+    DiscoveryResult,
+    DiscoveryRule,
+    discover_layer_model,
+    layer_list,
+)
 
 __all__ = ["RunnerStats", "StaticInputs", "LayerStackRunner"]
 
@@ -62,6 +73,9 @@ class StaticInputs:
     kwargs: dict[str, Any]
     batch: ForwardBatch | None
     graph: BreakableGraph | None = None
+    # Each decoder layer's output as the graph computed it (tensors the graph owns, so every replay
+    # refreshes them): what divergence localisation compares with eager, layer by layer.
+    layer_outputs: list[torch.Tensor] = dataclasses.field(default_factory=list)
 
     def load(self, args: tuple[Any, ...], kwargs: dict[str, Any], *, copy_batch: bool) -> None:
         """Copy the live arguments of a layer-stack call into the static ones.
@@ -81,6 +95,15 @@ class StaticInputs:
 
 
 def _copy_into(name: str, static: Any, live: Any, *, copy_batch: bool) -> None:
+    # Containers are walked: transformers VLMs hand their stack a dict of masks (one per attention type).
+    if isinstance(static, dict) and isinstance(live, dict) and set(static) == set(live):
+        for key in static:
+            _copy_into(f"{name}[{key!r}]", static[key], live[key], copy_batch=copy_batch)
+        return
+    if isinstance(static, (tuple, list)) and isinstance(live, (tuple, list)) and len(static) == len(live):
+        for index, (s, v) in enumerate(zip(static, live)):
+            _copy_into(f"{name}[{index}]", s, v, copy_batch=copy_batch)
+        return
     if isinstance(static, torch.Tensor):
         if not isinstance(live, torch.Tensor) or live.shape != static.shape:
             shape = tuple(live.shape) if isinstance(live, torch.Tensor) else type(live).__name__
@@ -184,6 +207,41 @@ class LayerStackRunner:
         # Copies: outputs may alias the graph's static buffers, which the next replay overwrites.
         return _map_tensors(output, lambda t: t.detach().clone())
 
+    @contextlib.contextmanager
+    def record_layers(self, static: StaticInputs) -> Iterator[None]:
+        """While capturing: keep each decoder layer's output (its first tensor) in ``static.layer_outputs``
+        as an in-graph clone, so replays carry per-layer results too. No-op without a layer list."""
+        found = layer_list(self.layer_model)
+        if found is None:
+            yield
+            return
+
+        def hook_for(index: int) -> Callable[..., None]:
+            def hook(module: nn.Module, args: Any, output: Any) -> None:
+                first = output if isinstance(output, torch.Tensor) else next(
+                    (item for item in (output if isinstance(output, (tuple, list)) else ()) if isinstance(item, torch.Tensor)),
+                    None)
+                if first is not None:
+                    # The last call wins: on CUDA the warm-up runs first, the capture last.
+                    static.layer_outputs[index:index + 1] = [first.detach().clone()]
+            return hook
+
+        static.layer_outputs = [torch.empty(0)] * len(found[1])
+        handles = [layer.register_forward_hook(hook_for(index)) for index, layer in enumerate(found[1])]
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def layer_outputs(self, batch: ForwardBatch) -> list[torch.Tensor]:
+        """Copies of each decoder layer's output from the latest replay of ``batch``'s bucket
+        (padded shapes); empty when the stack has no layer list."""
+        static = self._captured.get(self.bucket_for(batch.num_tokens))
+        if static is None:
+            raise BucketError(f"no captured bucket holds {batch.num_tokens} tokens")
+        return [tensor.clone() for tensor in static.layer_outputs]
+
     # -- capture -----------------------------------------------------------------------------
 
     def capture(self) -> None:
@@ -196,7 +254,7 @@ class LayerStackRunner:
             def step(static: StaticInputs = static, forward: Callable[..., Any] = forward) -> Any:
                 return forward(*static.args, **static.kwargs)
 
-            with self.autograd_off(), self.publish(static.batch):
+            with self.autograd_off(), self.publish(static.batch), self.record_layers(static):
                 static.graph = self.graphs.capture(step, pool=pool, warmup_runs=self.warmup_runs)
             self._captured[bucket] = static
             self.stats.captures += 1
@@ -223,7 +281,10 @@ class LayerStackRunner:
         args, kwargs = calls[0]
 
         def own(value: Any) -> Any:
-            return value.clone() if isinstance(value, torch.Tensor) else dummy if value is dummy else value
+            if value is dummy:
+                return dummy
+            return _map_tensors(value, torch.Tensor.clone) if isinstance(value, (torch.Tensor, dict, list, tuple)) \
+                else value
 
         static_kwargs = {key: own(value) for key, value in kwargs.items()}
         return self.static_inputs_class(bucket, tuple(own(a) for a in args), static_kwargs, dummy)

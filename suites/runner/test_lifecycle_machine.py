@@ -36,9 +36,10 @@ from harness.runner.cases import SEED, eager, eager_padded, make_batch, split_st
 
 BUCKETS = (2, 4, 8)  # small buckets: every example captures all of them, twice per machine kind
 MAX = BUCKETS[-1]
-# name -> (zoo model, dotted path of the layer module, discovery falls back). The fell-back model's
-# graph is the whole CausalLM, logits processor and the batch's Python-level choices included.
-MACHINES = {"normal": ("dense", "model", False), "fell-back": ("odd-decoder-layers", "", True)}
+# name -> (zoo model, dotted path of the layer module, discovery falls back). No rule knows the layout
+# of odd-unnamed-layers, so the fell-back model's graph is the whole CausalLM, logits processor and
+# the batch's Python-level choices included.
+MACHINES = {"normal": ("dense", "model", False), "fell-back": ("odd-unnamed-layers", "", True)}
 EXCEPTIONS = {"Exception": RuntimeError, "BaseException": type("Abort", (BaseException,), {}),
               "KeyboardInterrupt": KeyboardInterrupt}
 

@@ -1,0 +1,46 @@
+"""Fixtures of the architecture suites: the transformers zoo, built once per session, and
+runners of the implementation under test over it (through the engine-style adapter)."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Callable
+
+import pytest
+import torch
+
+from harness.models.transformers_adapter import TransformersAdapter
+from harness.models.transformers_zoo import architecture, build_architecture
+from harness.runner.matrices import discovery_matrix
+
+SEED = 7
+BUCKETS = (8, 16)
+
+
+@pytest.fixture(scope="session")
+def zoo_discovery_matrix(one_intra_op_thread: None) -> dict[str, Any]:
+    """The discovery matrix of the whole zoo, computed once (builds every architecture)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return discovery_matrix(seed=SEED)
+
+
+@pytest.fixture(scope="session")
+def architecture_runner(one_intra_op_thread: None, runner_factory: Any, graph_capturer: Any,
+                        device: torch.device) -> Callable[..., tuple[Any, Any]]:
+    """``architecture_runner(name, requires_grad=False)`` -> ``(adapter, runner)``, captured once per
+    session with the ``runner`` and ``graphs`` implementations under test."""
+    factory, capturer = runner_factory, graph_capturer
+    cache: dict[tuple[str, bool], tuple[Any, Any]] = {}
+
+    def get(name: str, *, requires_grad: bool = False) -> tuple[Any, Any]:
+        if (name, requires_grad) not in cache:
+            model = build_architecture(name, seed=SEED, device=device)
+            model.requires_grad_(requires_grad)
+            adapter = TransformersAdapter(model, layout=architecture(name).layout)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                cache[name, requires_grad] = adapter, factory(adapter, buckets=BUCKETS, graphs=capturer)
+        return cache[name, requires_grad]
+
+    return get

@@ -240,6 +240,12 @@ def configure(config: pytest.Config) -> None:
             config.option.disable_unused_snapshots = True
             config.option.warn_unused_snapshots = True
         device = resolve_device(config.getoption("--device"))
+        if device.type == "cpu":
+            # The suites run tiny models (hidden sizes 32 to 64) that gain nothing from intra-op
+            # threads, while idle threads spinning on a shared CPU cost several times the work
+            # (suites/runner: 83 s of CPU time with two threads, 15 s with one, on the 2-core CI-sized
+            # machine). Set here, before any fixture builds a model.
+            torch.set_num_threads(1)
         backend = resolve_backend(config.getoption("--graph-backend"), device)
         selected: dict[str, str] = {}
         for option in config.getoption("--impl"):

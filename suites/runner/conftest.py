@@ -4,7 +4,7 @@ eager-equivalence assertion. Any runner given by ``--impl runner=module:attr`` r
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import pytest
 import torch
@@ -15,21 +15,8 @@ from harness.runner import ForwardBatch, select_bucket
 from harness.runner.cases import BUCKETS, SEED, eager, eager_padded
 
 
-@pytest.fixture(scope="session", autouse=True)
-def one_intra_op_thread() -> Iterator[None]:
-    """One intra-op thread from the first runner test to the end of the session: the runner suites
-    run tiny models (hidden sizes of 32 to 64), which gain nothing from intra-op threads, while on a
-    shared CPU the idle threads' spinning costs several times the work (``suites/runner`` took 83 s
-    of CPU time with two threads, 15 s with one, on the shared 2-core development machine). Session-scoped because the
-    zoo fixtures are too, and must be built under it."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 @pytest.fixture(scope="session")
-def build_runner(one_intra_op_thread: None, runner_factory: Callable[..., Any], graph_capturer: Any) -> Callable[..., Any]:
+def build_runner(runner_factory: Callable[..., Any], graph_capturer: Any) -> Callable[..., Any]:
     """``build_runner(model, buckets=..., strict_discovery=...)``: a fresh runner under test."""
 
     def build(model: torch.nn.Module, *, buckets: tuple[int, ...] = BUCKETS, strict_discovery: bool = False) -> Any:

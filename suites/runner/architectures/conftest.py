@@ -18,7 +18,7 @@ BUCKETS = (8, 16)
 
 
 @pytest.fixture(scope="session")
-def zoo_discovery_matrix(one_intra_op_thread: None) -> dict[str, Any]:
+def zoo_discovery_matrix() -> dict[str, Any]:
     """The discovery matrix of the whole zoo, computed once (builds every architecture)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -26,7 +26,7 @@ def zoo_discovery_matrix(one_intra_op_thread: None) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="session")
-def architecture_runner(one_intra_op_thread: None, runner_factory: Any, graph_capturer: Any,
+def architecture_runner(runner_factory: Any, graph_capturer: Any,
                         device: torch.device) -> Callable[..., tuple[Any, Any]]:
     """``architecture_runner(name, requires_grad=False)`` -> ``(adapter, runner)``, captured once per
     session with the ``runner`` and ``graphs`` implementations under test."""

@@ -12,7 +12,6 @@ stays correct for any split of the same number of tokens. Tokens past the batch'
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import torch
 import torch.nn.functional as F

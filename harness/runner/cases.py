@@ -7,13 +7,13 @@ bitwise (:func:`harness.compare.bitwise_expected`).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from hypothesis import strategies as st
 
 from harness.models import LogitsOutput, ModelConfig
-from harness.batch import ForwardBatch
+from harness.batch import ForwardBatch, select_bucket
 
 __all__ = [
     "BUCKETS",
@@ -23,6 +23,7 @@ __all__ = [
     "make_batch",
     "eager",
     "eager_padded",
+    "eager_forward",
     "lengths_strategy",
     "split_strategy",
 ]
@@ -63,6 +64,19 @@ def eager_padded(model: torch.nn.Module, batch: ForwardBatch, bucket: int) -> Lo
     logits = out.next_token_logits[:real] if batch.all_logits else out.next_token_logits
     hidden = out.hidden_states[:real] if str(batch.hidden_mode) == "full" else out.hidden_states
     return LogitsOutput(logits, hidden)
+
+
+def eager_forward(model: torch.nn.Module, *, bitwise: bool) -> Callable[[ForwardBatch], Any]:
+    """The oracle as a forward function, for loops that step a model (decode, speculative decoding):
+    where the replay is held bitwise, eager at the shapes the replay runs at (the batch padded to its
+    bucket of :data:`BUCKETS`); else eager on the batch itself."""
+
+    def forward(batch: ForwardBatch) -> Any:
+        if bitwise:
+            return eager_padded(model, batch, select_bucket(batch.num_tokens, BUCKETS))
+        return eager(model, batch)
+
+    return forward
 
 
 def split_strategy(total: int, max_requests: int = MAX_REQUESTS) -> st.SearchStrategy[list[int]]:

@@ -12,8 +12,7 @@ from hypothesis import strategies as st
 
 from harness.compare import TOLERANCES, assert_equivalent
 from harness.models import build_model
-from harness.runner import select_bucket
-from harness.runner.cases import BUCKETS, CONFIG, SEED, eager, eager_padded
+from harness.runner.cases import CONFIG, SEED, eager_forward
 from harness.runner.decode import DecodeLoop, DecodePlan, DecodeRequest
 
 NUM_PAGES, BLOCK_SIZE = 24, 4
@@ -47,10 +46,7 @@ def test_decode_steps_match_the_eager_twin(zoo_runner, twin, exact_comparison, f
     model.kv_cache.reset()
     twin.kv_cache.reset()
 
-    def twin_forward(batch):
-        # Bitwise: eager at the shapes the replay runs at (its bucket); else eager on the batch itself.
-        return eager_padded(twin, batch, select_bucket(batch.num_tokens, BUCKETS)) if bitwise else eager(twin, batch)
-
+    twin_forward = eager_forward(twin, bitwise=bitwise)
     ran, followed = DecodeLoop(plan, runner.run, device=device), DecodeLoop(plan, twin_forward, device=device)
     step = 0
     while not ran.done:

@@ -20,8 +20,7 @@ from hypothesis import strategies as st
 from harness.compare import TOLERANCES, assert_equivalent
 from harness.gather import SpecExtrasRelay, eager_gather
 from harness.models import build_model
-from harness.runner import select_bucket
-from harness.runner.cases import BUCKETS, CONFIG, SEED, eager, eager_padded
+from harness.runner.cases import CONFIG, SEED, eager_forward
 from harness.runner.decode import DecodePlan, DecodeRequest
 from harness.runner.speculative import DraftHead, SpeculativeLoop
 
@@ -79,10 +78,7 @@ def test_speculative_loop_matches_the_eager_twin(zoo_runner, twin, draft_head, g
     model.kv_cache.reset()
     twin.kv_cache.reset()
 
-    def twin_forward(batch):
-        # Bitwise: eager at the shapes the replay runs at (its bucket); else eager on the batch itself.
-        return eager_padded(twin, batch, select_bucket(batch.num_tokens, BUCKETS)) if bitwise else eager(twin, batch)
-
+    twin_forward = eager_forward(twin, bitwise=bitwise)
     ran = SpeculativeLoop(plan, runner.run, draft=draft_head, relay=_relay(mode, gather_function, device),
                           num_draft=num_draft, hidden_mode=mode, device=device)
     followed = SpeculativeLoop(plan, twin_forward, draft=draft_head, relay=_relay(mode, eager_gather, device),

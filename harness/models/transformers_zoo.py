@@ -45,7 +45,15 @@ FAMILIES = ("dense", "gpt-style", "moe", "hybrid", "vlm")
 
 
 class ArchitectureUnavailable(HarnessError):
-    """The installed transformers lacks this architecture (or its config cannot be built tiny)."""
+    """The installed transformers lacks this architecture (or its config cannot be built tiny).
+
+    The message names the transformers version (for skip reasons); ``reason`` does not, so the
+    matrices' goldens stay the same across transformers releases that fail the same way.
+    """
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,8 +211,8 @@ def _transformers_class(arch: Architecture, attribute: str) -> Any:
         return getattr(transformers, attribute)
     except (AttributeError, ImportError, RuntimeError) as error:
         raise ArchitectureUnavailable(
-            f"{arch.name}: transformers {transformers.__version__} has no {attribute} ({type(error).__name__})"
-        ) from None
+            f"{arch.name}: transformers {transformers.__version__} has no {attribute} ({type(error).__name__})",
+            reason=f"transformers has no {attribute}") from None
 
 
 def _accepted(config_class: type, values: Mapping[str, Any]) -> dict[str, Any]:
@@ -265,7 +273,8 @@ def build_architecture(name: str, *, seed: int = 0, dtype: torch.dtype = torch.f
     try:
         config = _config(arch)
     except (TypeError, ValueError, KeyError, AttributeError) as error:
-        raise ArchitectureUnavailable(f"{name}: cannot build a tiny {arch.config_class}: {error}") from None
+        raise ArchitectureUnavailable(f"{name}: cannot build a tiny {arch.config_class}: {error}",
+                                      reason=f"cannot build a tiny {arch.config_class}") from None
     config._attn_implementation = "eager"
     for key in ("text_config", "vision_config"):
         sub = getattr(config, key, None)
@@ -281,7 +290,8 @@ def build_architecture(name: str, *, seed: int = 0, dtype: torch.dtype = torch.f
 
             raise ArchitectureUnavailable(
                 f"{name}: transformers {transformers.__version__} cannot build {arch.model_class} from its own "
-                f"config: {type(error).__name__}: {error}") from None
+                f"config: {type(error).__name__}: {error}",
+                reason=f"transformers cannot build {arch.model_class} from its own config") from None
     model = model.to(device=device, dtype=dtype).eval()
     model.requires_grad_(False)
     model.zoo_name = name

@@ -91,7 +91,7 @@ def discovery_matrix(names: Iterable[str] | None = None, *, rules: dict[str, Any
         try:
             model = build_architecture(name, seed=seed)
         except ArchitectureUnavailable as error:
-            matrix[name] = {"family": family, "unavailable": str(error).split(": ", 1)[-1].split(":")[0]}
+            matrix[name] = {"family": family, "unavailable": error.reason}
             continue
         results = {rule_name: rule(model) for rule_name, rule in rules.items()}
         returns = forward_returns(model, [result.module for result in results.values()])

@@ -94,7 +94,7 @@ def capture_matrix(graph_backend, device):
             try:
                 matrix[arch.name] = capture_row(arch.name, graphs=graphs, device=device)
             except ArchitectureUnavailable as error:
-                matrix[arch.name] = {"unavailable": str(error).split(": ", 1)[-1].split(":")[0]}
+                matrix[arch.name] = {"unavailable": error.reason}
     return matrix
 
 

@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from harness import components, impls
 
@@ -158,13 +159,25 @@ def run_selfcheck(*, components: list[str], graph_backend: str, device: str, job
         registered = impls.implementations(component)
         references.append(registered["reference"])
         mutants.extend(impl for impl in registered.values() if impl.kind == "mutant")
-    # References run whole suites: start them first so that they do not finish last.
-    candidates = references + mutants
-    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        threads = max(1, (os.cpu_count() or 1) // max(1, jobs))
-        futures = [pool.submit(run_one, impl, graph_backend=graph_backend, device=device, root=root, threads=threads,
-                               first=hints.get((impl.component, impl.name, backend), ""))
-                   for impl in candidates]
+    cores = os.cpu_count() or 1
+
+    def submit(pool: concurrent.futures.Executor, impl: impls.Implementation, threads: int) -> Any:
+        return pool.submit(run_one, impl, graph_backend=graph_backend, device=device, root=root, threads=threads,
+                           first=hints.get((impl.component, impl.name, backend), ""))
+
+    if reference_workers() == 1:
+        # References run whole suites: start them first, in the same slots, so they do not finish last.
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            futures = [submit(pool, impl, max(1, cores // max(1, jobs))) for impl in references + mutants]
+            return [future.result() for future in futures]
+    # Where references are spread over xdist workers they run beside the mutants' slots, not in them:
+    # a reference holding a slot for its whole suite left the mutants one slot of four on the H200.
+    processes = jobs + len(references) * reference_workers()
+    threads = max(1, cores // processes)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(references)) as reference_pool, \
+            concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as mutant_pool:
+        futures = [submit(reference_pool, impl, threads) for impl in references]
+        futures += [submit(mutant_pool, impl, threads) for impl in mutants]
         return [future.result() for future in futures]
 
 

@@ -17,7 +17,7 @@ import torch
 from harness import observations
 from harness.errors import MismatchError
 
-__all__ = ["Tolerance", "TOLERANCES", "tolerance_for", "bitwise_expected", "assert_equivalent",
+__all__ = ["Tolerance", "TOLERANCES", "tolerance_for", "bitwise_expected", "assert_equivalent", "equivalent",
            "describe_mismatch", "format_context"]
 
 
@@ -180,6 +180,13 @@ def _shape_of(value: Any) -> str:
     if isinstance(value, (tuple, list)):
         return f"{type(value).__name__} of {len(value)}"
     return type(value).__name__
+
+
+def equivalent(actual: Any, expected: Any, *, exact: bool = False) -> bool:
+    """Whether :func:`assert_equivalent` would pass: for choosing an oracle, never as a test's verdict."""
+    problems: list[str] = []
+    _walk(actual, expected, exact=exact, where="", problems=problems)
+    return not problems
 
 
 def assert_equivalent(actual: Any, expected: Any, *, exact: bool, context: Mapping[str, Any] | None = None) -> None:

@@ -26,6 +26,12 @@ def zoo_discovery_matrix() -> dict[str, Any]:
 
 
 @pytest.fixture(scope="session")
+def architecture_buckets() -> tuple[int, ...]:
+    """The token-count buckets the architecture runners capture."""
+    return BUCKETS
+
+
+@pytest.fixture(scope="session")
 def architecture_runner(runner_factory: Any, graph_capturer: Any,
                         device: torch.device) -> Callable[..., tuple[Any, Any]]:
     """``architecture_runner(name, requires_grad=False)`` -> ``(adapter, runner)``, captured once per

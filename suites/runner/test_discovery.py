@@ -109,3 +109,19 @@ def test_fell_back_model_runs_several_requests_eagerly(zoo_runner, assert_matche
     actual = runner.run(batch)
     assert runner.stats.eager_fallbacks == fallbacks + 1, "the eager fallback was not counted"
     assert_matches_eager(actual, model, batch, dtype=torch.float32, name=name, replayed=False, seed=seed)
+
+
+@pytest.mark.parametrize("name", FALLBACKS)
+@pytest.mark.parametrize(("mode", "all_logits"), [("last", False), ("full", False), ("none", True)])
+def test_fell_back_model_runs_other_outputs_of_one_request_eagerly(zoo_runner, assert_matches_eager, device, name,
+                                                                   mode, all_logits):
+    """A fell-back graph froze the capture batch's outputs (hidden mode none, last-token logits): a single
+    request asking for other outputs must run eagerly too, not only batches of several requests."""
+    model, runner = zoo_runner(name)
+    batch = make_batch(name, [5], seed=3, dtype=torch.float32, device=device, hidden_mode=mode, all_logits=all_logits)
+    assert not runner.can_run(batch), (
+        f"{name}: the fell-back graph froze hidden mode none and last-token logits; {batch.describe()} must not replay")
+    fallbacks = runner.stats.eager_fallbacks
+    actual = runner.run(batch)
+    assert runner.stats.eager_fallbacks == fallbacks + 1, "the eager fallback was not counted"
+    assert_matches_eager(actual, model, batch, dtype=torch.float32, name=name, replayed=False, seed=3)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
@@ -36,6 +36,10 @@ class DecodePlan:
     requests: tuple[DecodeRequest, ...]
     num_pages: int
     block_size: int
+
+    def finished(self, tokens: Mapping[int, Sequence[int]]) -> bool:
+        """Whether every request has its ``max_new_tokens`` in ``tokens`` (request index -> its outputs)."""
+        return all(len(tokens.get(i, ())) >= r.max_new_tokens for i, r in enumerate(self.requests))
 
     def describe(self) -> str:
         return "; ".join(f"r{i}: prompt {len(r.prompt)}, +{r.max_new_tokens} at step {r.join_step}"
@@ -83,7 +87,7 @@ class DecodeLoop:
 
     @property
     def done(self) -> bool:
-        return all(len(self.tokens.get(i, ())) >= r.max_new_tokens for i, r in enumerate(self.plan.requests))
+        return self.plan.finished(self.tokens)
 
     def _allocate(self, state: _Live, kv_len: int) -> None:
         take_pages(self.free_pages, state.pages, kv_len, plan=self.plan, step=self.step_index)

@@ -133,7 +133,7 @@ class SpeculativeLoop:
 
     @property
     def done(self) -> bool:
-        return all(len(self.tokens.get(i, ())) >= r.max_new_tokens for i, r in enumerate(self.plan.requests))
+        return self.plan.finished(self.tokens)
 
     def _admit(self) -> None:
         for index, request in enumerate(self.plan.requests):

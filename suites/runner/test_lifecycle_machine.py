@@ -180,8 +180,13 @@ def _machine(kind: str, subjects: Callable[[bool, bool], _Subject], device: torc
         def _describe(self, batch: ForwardBatch, via: str, grad: bool) -> str:
             return f"{via}({batch.describe()}) with grad {'on' if grad else 'off'}"
 
-        def _call(self, via: str, batch: ForwardBatch) -> Any:
-            return getattr(self.runner, via)(batch)
+        def _call(self, via: str, batch: ForwardBatch, *, in_break: Callable[[], None] | None = None) -> Any:
+            """``runner.run`` or ``runner.replay`` on ``batch``; ``in_break`` runs inside its first break."""
+            self.subject.hooks.in_break = in_break
+            try:
+                return getattr(self.runner, via)(batch)
+            finally:
+                self.subject.hooks.in_break = None
 
         def _keep(self, output: Any, batch: ForwardBatch, what: str) -> None:
             grads = [tuple(t.shape) for t in _tensors(output) if t.grad_fn is not None or t.requires_grad]
@@ -223,13 +228,11 @@ def _machine(kind: str, subjects: Callable[[bool, bool], _Subject], device: torc
             hooks = self.subject.hooks
             if where == "outer forward":
                 hooks.after_forward = fail
-            else:
-                hooks.in_break = fail
             try:
                 with pytest.raises(exception):
-                    self._call(via, batch)
+                    self._call(via, batch, in_break=fail if where != "outer forward" else None)
             finally:
-                hooks.after_forward = hooks.in_break = None
+                hooks.after_forward = None
             self.unsure += 1
             self.disturbed = True
 
@@ -250,11 +253,7 @@ def _machine(kind: str, subjects: Callable[[bool, bool], _Subject], device: torc
                 else:
                     seen.append(None)
 
-            self.subject.hooks.in_break = nested
-            try:
-                output = self._call(outer_via, outer_batch)
-            finally:
-                self.subject.hooks.in_break = None
+            output = self._call(outer_via, outer_batch, in_break=nested)
             what = f"{outer_via} of {outer_batch.describe()} with {inner_via} of {inner_tokens} tokens nested inside"
             assert len(seen) == 1 and isinstance(seen[0], ReplayError), (
                 f"{what}: the nested call must raise ReplayError (the outer replay's forward is patched and its "
@@ -277,11 +276,7 @@ def _machine(kind: str, subjects: Callable[[bool, bool], _Subject], device: torc
                 except Exception as error:  # noqa: BLE001 - judged below
                     seen.append(error)
 
-            self.subject.hooks.in_break = run_twin
-            try:
-                output = self._call(via, batch)
-            finally:
-                self.subject.hooks.in_break = None
+            output = self._call(via, batch, in_break=run_twin)
             what = f"{via} of {batch.describe()} while a second {type(twin).__name__} ran {twin_batch.describe()}"
             assert len(seen) == 1 and not isinstance(seen[0], Exception), f"{what}: the second instance raised {seen}"
             assert_equivalent(seen[0], expected, exact=True,

@@ -13,6 +13,7 @@ import torch
 from harness import pytest_support
 from harness.compare import bitwise_expected
 from harness.graphs import GraphBackend
+from harness.models.transformers_zoo import experts_implementation
 
 pytest_support.register_hypothesis_profiles()
 
@@ -46,6 +47,7 @@ def pytest_report_header(config: pytest.Config) -> str:
         f"harness: device={session.device}, graph backend={session.backend.name}, "
         f"impls={session.impl_specs or 'reference'}, "
         f"hypothesis profile={pytest_support.current_hypothesis_profile()}, "
+        f"experts={experts_implementation()}, "
         f"torch {torch.__version__}"
     )
 

@@ -22,6 +22,7 @@ from harness import components, impls
 from harness.devices import DEVICE_CHOICES, resolve_device
 from harness.errors import HarnessError, UsageError
 from harness.graphs import BACKEND_NAMES, GraphBackend, get_backend
+from harness.models.transformers_zoo import EXPERTS_IMPLEMENTATIONS, EXPERTS_VARIABLE, experts_implementation
 
 __all__ = [
     "HarnessSession",
@@ -72,6 +73,9 @@ def add_options(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager
                     help="graph backend (auto: cuda on a CUDA device, else emulated)")
     group.addoption("--impl", action="append", default=[], metavar="COMPONENT=SPEC",
                     help="implementation under test, e.g. gather=mypkg.kernels:gather or graphs=mutant:skip-break")
+    group.addoption("--experts-implementation", choices=EXPERTS_IMPLEMENTATIONS, default=None,
+                    help="how the transformers zoo's MoE and hybrid stacks run their experts (default: "
+                         f"${EXPERTS_VARIABLE}, else {EXPERTS_IMPLEMENTATIONS[0]}, what engines capture)")
     group.addoption("--reproduce-failure", metavar="VERSION:BLOB", default=None,
                     help="replay one falsifying example of the one selected hypothesis test, as hypothesis's "
                          "@reproduce_failure(VERSION, BLOB) would; the reproduce line of a failure gives it")
@@ -89,11 +93,14 @@ def register_hypothesis_profiles() -> None:
                   suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
                                          HealthCheck.data_too_large])
     settings.register_profile("dev", max_examples=10, **common)
-    settings.register_profile("ci", max_examples=25, derandomize=True, database=None, **common)
-    # The kill matrix needs only "some test fails", not a minimal example: shrinking a mutant's
-    # first failure was most of each selfcheck run's time.
-    settings.register_profile("selfcheck", max_examples=25, derandomize=True, database=None,
-                              phases=[Phase.explicit, Phase.reuse, Phase.generate], **common)
+    # ci and the kill matrix report the first failing example as found, in seconds: shrinking a failure
+    # of a captured transformers stack took four minutes on the H200 (each step re-runs the model), and
+    # the kill matrix needs only "some test fails". The example is printed with its reproduce blob;
+    # dev and nightly shrink.
+    no_shrinking = [Phase.explicit, Phase.reuse, Phase.generate]
+    settings.register_profile("ci", max_examples=25, derandomize=True, database=None, phases=no_shrinking, **common)
+    settings.register_profile("selfcheck", max_examples=25, derandomize=True, database=None, phases=no_shrinking,
+                              **common)
     settings.register_profile(
         "nightly", max_examples=400,
         database=DirectoryBasedExampleDatabase(os.path.join(".hypothesis", "nightly")), **common,
@@ -239,6 +246,8 @@ def configure(config: pytest.Config) -> None:
             # the run on them and delete them on --snapshot-update.
             config.option.disable_unused_snapshots = True
             config.option.warn_unused_snapshots = True
+        # In the environment, so that child processes (kill matrix, subprocess cases) build the same stacks.
+        os.environ[EXPERTS_VARIABLE] = experts_implementation(config.getoption("--experts-implementation"))
         device = resolve_device(config.getoption("--device"))
         if device.type == "cpu":
             # The suites run tiny models (hidden sizes 32 to 64) that gain nothing from intra-op
@@ -306,6 +315,8 @@ def reproduce_command(config: pytest.Config, nodeid: str, *, replay: tuple[str, 
     for component, spec in session.impl_specs.items():
         parts += ["--impl", f"{component}={spec}"]
     parts += ["--hypothesis-profile", current_hypothesis_profile()]
+    if experts_implementation() != EXPERTS_IMPLEMENTATIONS[0]:
+        parts += ["--experts-implementation", experts_implementation()]
     seed = seed if seed is not None else config.getoption("hypothesis_seed", None)
     if seed is not None:
         parts += ["--hypothesis-seed", str(seed)]

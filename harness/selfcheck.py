@@ -7,6 +7,11 @@ A mutant's run starts with the test that killed it last (the committed hint file
 :data:`HINTS_PATH`, rewritten after every selfcheck), then the rest of its suite, so a mutant dies
 in the first seconds; the reference always runs the whole suite. Each outcome records the seconds
 from the process start to its first failure, and the total.
+
+A mutant counts as killed only by a test that its reference passes in the same configuration
+(backend, device, hypothesis profile): where a component's reference fails its suite, the failing
+test proves nothing about the mutants, so they are "not judged", the matrix says so first, and the
+summary never reads "N/N killed".
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from typing import Any
 
 from harness import components, impls
 
-__all__ = ["Outcome", "HINTS_PATH", "default_jobs", "run_one", "run_selfcheck", "format_matrix", "write_json",
+__all__ = ["Outcome", "HINTS_PATH", "default_jobs", "run_one", "run_selfcheck", "judge", "format_matrix", "write_json",
            "read_hints", "write_hints"]
 
 _FAILED_LINE = re.compile(r"^(?:FAILED|ERROR) (\S+)", re.MULTILINE)
@@ -46,13 +51,15 @@ class Outcome:
     component: str
     spec: str
     kind: str
-    verdict: str  # passed / killed / survived / failed / error
+    verdict: str  # passed / killed / survived / failed / error / not judged
     first_failure: str
     seconds: float  # the whole process
     command: str
     bug: str = ""
     seconds_to_first_failure: float | None = None
     graph_backend: str = ""
+    failures: tuple[str, ...] = ()  # every failing test of the run (a mutant's run stops at its first)
+    not_judged_because: str = ""
 
     @property
     def ok(self) -> bool:
@@ -106,8 +113,9 @@ def run_one(impl: impls.Implementation, *, graph_backend: str, device: str, root
             extra_args: list[str] | None = None, threads: int | None = None, first: str = "") -> Outcome:
     """Run ``impl`` against its component's suite in a child pytest process, ``first`` (a node id) first."""
     suite = components.get_component(impl.component).suite
+    is_mutant = impl.kind != "reference"
     command = [
-        sys.executable, "-m", "pytest", str(root / suite), "-x", "-q", "-p", "no:cacheprovider",
+        sys.executable, "-m", "pytest", str(root / suite), *(["-x"] if is_mutant else []), "-q", "-p", "no:cacheprovider",
         "-p", "harness._selfcheck_plugin", "-rfE", "--impl", f"{impl.component}={impl.name}",
         "--graph-backend", graph_backend, "--device", device, *(extra_args or []),
     ]
@@ -118,7 +126,6 @@ def run_one(impl: impls.Implementation, *, graph_backend: str, device: str, root
     # Nor a pool of inductor compile workers each (one per core by default): the suites' kernels are
     # tiny, and dozens of concurrent processes each forking a pool only fight over the cores.
     environment.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
-    is_mutant = impl.kind != "reference"
     if not is_mutant and reference_workers() > 1:
         command += ["-n", str(reference_workers())]
     environment["HARNESS_RUN_FIRST"] = first if is_mutant else ""
@@ -132,7 +139,8 @@ def run_one(impl: impls.Implementation, *, graph_backend: str, device: str, root
         seconds = time.perf_counter() - started
         first_failure = json.loads(report_path.read_text()) if report_path.is_file() else None
     output = completed.stdout + completed.stderr
-    failures = [first_failure["nodeid"]] if first_failure else _FAILED_LINE.findall(output)
+    listed = _FAILED_LINE.findall(output)
+    failures = [first_failure["nodeid"]] if first_failure else listed
     if completed.returncode == 0:
         verdict = "passed" if impl.kind == "reference" else "survived"
     elif completed.returncode == 1:
@@ -145,7 +153,26 @@ def run_one(impl: impls.Implementation, *, graph_backend: str, device: str, root
                         "--graph-backend", graph_backend, "--device", device, "-x"])
     return Outcome(impl.component, impl.name, impl.kind, verdict, failures[0] if failures else "", seconds,
                    display, impl.bug, first_failure["seconds"] if first_failure else None,
-                   _effective_backend(graph_backend, device))
+                   _effective_backend(graph_backend, device), tuple(dict.fromkeys(failures + listed)))
+
+
+def judge(outcomes: list[Outcome]) -> list[Outcome]:
+    """Withdraw the verdicts that prove nothing: a mutant of a component whose reference did not pass
+    its suite in the same run (same backend, device and profile) is "not judged", as is a mutant whose
+    first failure the reference also fails."""
+    references = {o.component: o for o in outcomes if o.kind == "reference"}
+    judged = []
+    for outcome in outcomes:
+        reference = references.get(outcome.component)
+        reason = ""
+        if outcome.kind != "reference" and reference is not None:
+            if reference.verdict != "passed":
+                reason = f"the {outcome.component} reference {reference.verdict} its suite"
+            elif outcome.first_failure and outcome.first_failure in reference.failures:
+                reason = f"the reference also fails {outcome.first_failure}"
+        judged.append(dataclasses.replace(outcome, verdict="not judged", not_judged_because=reason) if reason
+                      else outcome)
+    return judged
 
 
 def run_selfcheck(*, components: list[str], graph_backend: str, device: str, jobs: int | None,
@@ -169,7 +196,7 @@ def run_selfcheck(*, components: list[str], graph_backend: str, device: str, job
         # References run whole suites: start them first, in the same slots, so they do not finish last.
         with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
             futures = [submit(pool, impl, max(1, cores // max(1, jobs))) for impl in references + mutants]
-            return [future.result() for future in futures]
+            return judge([future.result() for future in futures])
     # Where references are spread over xdist workers they run beside the mutants' slots, not in them:
     # a reference holding a slot for its whole suite left the mutants one slot of four on the H200.
     processes = jobs + len(references) * reference_workers()
@@ -178,10 +205,18 @@ def run_selfcheck(*, components: list[str], graph_backend: str, device: str, job
             concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as mutant_pool:
         futures = [submit(reference_pool, impl, threads) for impl in references]
         futures += [submit(mutant_pool, impl, threads) for impl in mutants]
-        return [future.result() for future in futures]
+        return judge([future.result() for future in futures])
 
 
 def format_matrix(outcomes: list[Outcome]) -> str:
+    """The matrix as a table; references that failed, and what that leaves unjudged, come first."""
+    preamble = []
+    for reference in (o for o in outcomes if o.kind == "reference" and o.verdict != "passed"):
+        unjudged = sum(o.component == reference.component and o.verdict == "not judged" for o in outcomes)
+        shown = ", ".join(reference.failures[:5]) + (f" and {len(reference.failures) - 5} more"
+                                                      if len(reference.failures) > 5 else "")
+        preamble.append(f"REFERENCE {reference.verdict.upper()}: {reference.component} ({reference.command}) fails "
+                        f"{shown or 'its suite'}; its {unjudged} mutants are not judged")
     rows = [("component", "implementation", "verdict", "to kill", "total", "first failing test")]
     for outcome in outcomes:
         to_kill = "-" if outcome.seconds_to_first_failure is None else f"{outcome.seconds_to_first_failure:.1f}"
@@ -190,12 +225,17 @@ def format_matrix(outcomes: list[Outcome]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(5)]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row[:5], widths)) + "  " + row[5] for row in rows]
     lines.insert(1, "-" * len(lines[0]))
+    if preamble:
+        lines[:0] = preamble + [""]
     killed = sum(o.verdict == "killed" for o in outcomes)
     mutants = sum(o.kind == "mutant" for o in outcomes)
+    unjudged = sum(o.verdict == "not judged" for o in outcomes)
     kill_times = sorted(o.seconds_to_first_failure for o in outcomes
                         if o.verdict == "killed" and o.seconds_to_first_failure is not None)
     median = f"; median seconds to kill {kill_times[len(kill_times) // 2]:.1f}" if kill_times else ""
-    lines.append(f"\n{killed}/{mutants} mutants killed{median}; references "
+    counted = f"{killed}/{mutants} mutants killed" if not unjudged else (
+        f"{killed} of {mutants} mutants killed, {unjudged} NOT JUDGED (their reference failed)")
+    lines.append(f"\n{counted}{median}; references "
                  + ", ".join(f"{o.component}={o.verdict} ({o.seconds:.0f} s)" for o in outcomes
                              if o.kind == "reference"))
     return "\n".join(lines)

@@ -54,3 +54,32 @@ def test_hints_round_trip_and_keep_other_backends(tmp_path: Path):
 
 def test_default_jobs_on_the_cpu_is_the_core_count():
     assert selfcheck.default_jobs("cpu") == (os.cpu_count() or 1)
+
+
+def _run(component: str, spec: str, kind: str, verdict: str, first: str, failures: tuple[str, ...] = ()):
+    return selfcheck.Outcome(component, spec, kind, verdict, first, 1.0, f"pytest suites/{component}", "", 0.5,
+                             "cuda", failures or ((first,) if first else ()))
+
+
+def test_a_failing_reference_leaves_its_mutants_not_judged():
+    outcomes = selfcheck.judge([
+        _run("runner", "reference", "reference", "failed", "suites/runner/t.py::a", ("suites/runner/t.py::a",)),
+        _run("runner", "mutant:x", "mutant", "killed", "suites/runner/t.py::a"),
+        _run("runner", "mutant:y", "mutant", "killed", "suites/runner/t.py::b"),
+        _run("gather", "reference", "reference", "passed", ""),
+        _run("gather", "mutant:z", "mutant", "killed", "suites/gather/t.py::c"),
+    ])
+    verdicts = {o.spec: o.verdict for o in outcomes}
+    assert verdicts == {"reference": "passed", "mutant:x": "not judged", "mutant:y": "not judged",
+                        "mutant:z": "killed"}
+    assert not any(o.ok for o in outcomes if o.verdict == "not judged")
+    table = selfcheck.format_matrix(outcomes)
+    assert table.splitlines()[0].startswith("REFERENCE FAILED: runner"), table
+    assert "suites/runner/t.py::a" in table.splitlines()[0]
+    assert "1 of 3 mutants killed, 2 NOT JUDGED" in table and "3/3" not in table and "1/3" not in table
+
+
+def test_a_passing_matrix_reads_n_of_n():
+    outcomes = selfcheck.judge([_run("gather", "reference", "reference", "passed", ""),
+                                _run("gather", "mutant:z", "mutant", "killed", "suites/gather/t.py::c")])
+    assert "1/1 mutants killed" in selfcheck.format_matrix(outcomes)

@@ -118,7 +118,7 @@ def _run(options: argparse.Namespace) -> int:
         raise UsageError(f"--repeat {options.repeat}: need at least one sample")
     device = resolve_device(options.device)
     backend_name = _backend_name(options.graph_backend, device)
-    backend = get_backend(backend_name, device=device if backend_name == "cuda" else None)
+    backend = get_backend(backend_name, device=device if device.type == "cuda" else None)
     implementations = _implementations(options.impl, module.COMPONENTS)
     baseline = read_json(options.baseline) if options.baseline else None  # a bad file fails before measuring
     if options.plot:

@@ -11,7 +11,8 @@ interpreter and classifies what it did on each case:
 
 One child runs the cases in order and reports each as it finishes; when it dies, the case it was
 running is ``crashed`` and a new child takes the rest. On CUDA a child also stops after a case that
-raised, because a device-side assert leaves the context unusable for the next case.
+raised and left the context unusable (a device-side assert does; an exception raised on the host
+before any kernel does not), and a new child takes the rest.
 Child side: ``python -m harness.gather.probe SPEC DEVICE`` with a JSON list of cases on stdin.
 """
 
@@ -138,9 +139,22 @@ def main(argv: list[str]) -> int:
         print(_START + probe_case.name, flush=True)
         verdict = _run_case(candidate, device, probe_case)
         print(_RESULT + json.dumps({"name": probe_case.name, **verdict}), flush=True)
-        if verdict["outcome"] == "raised" and device.startswith("cuda"):
-            break  # the context may be poisoned; the parent starts a fresh child for the rest
+        if verdict["outcome"] == "raised" and device.startswith("cuda") and not _context_usable(device):
+            break  # the context is poisoned; the parent starts a fresh child for the rest
     return 0
+
+
+def _context_usable(device: str) -> bool:
+    """Whether CUDA still runs a kernel in this process: after a device-side assert every call fails.
+    (Each fresh child costs a CUDA context and a compile: seconds per case.)"""
+    import torch
+
+    try:
+        probe_tensor = torch.ones(1, device=device) + 1
+        torch.cuda.synchronize()
+        return float(probe_tensor.cpu()) == 2.0
+    except Exception:  # noqa: BLE001 - any failure here means: start a fresh child
+        return False
 
 
 if __name__ == "__main__":

@@ -64,7 +64,7 @@ def get_backend(name: str = "auto", *, device: torch.device | str | None = None)
                 f"(torch {torch.__version__}, built with CUDA {torch.version.cuda}); use --graph-backend emulated"
             )
         return CudaBackend(device)
-    return EmulatedBackend()
+    return EmulatedBackend(device)
 
 
 def run_eagerly(fn: Callable[[], Any]) -> Any:

@@ -12,6 +12,11 @@ again on the same tensors. What that reproduces of CUDA graphs:
 * Ops CUDA refuses during capture (host syncs, data-dependent shapes, copies to the host; see
   :mod:`harness.graphs._capture_rules`) raise :class:`~harness.errors.CaptureError` naming the op,
   and so does ``Tensor.tolist()``, which reads CPU tensors without dispatching an op.
+* A tensor made from Python data on the graph's device (``torch.tensor(0.0, device=...)``,
+  ``torch.as_tensor([...])``: ``aten.lift_fresh``) raises :class:`~harness.errors.CaptureError`
+  naming the call site: on CUDA it is a copy from pageable host memory, which capture refuses
+  (transformers' bloom, falcon and gpt-neo masks do this). On the CPU device every such tensor is on
+  the graph's device, so a host-side helper tensor that CUDA would allow is refused here too.
 * A tensor that came from outside the capture is held weakly. If its owner releases it, the next
   replay raises :class:`~harness.errors.GraphHazardError`: on CUDA its memory could be reused.
 
@@ -23,6 +28,10 @@ Where the emulation differs from CUDA, knowingly:
   CUDA replays the compiled kernels. Outside a capture, compiled functions compile as usual.
 * Replay allocates each op's result and copies it into the captured tensor, so it is slower than
   eager and peak memory is higher; memory reuse inside the pool is not modelled.
+* Kernel paths chosen by device type are not seen: a model that takes a CUDA-only path that
+  capture refuses (transformers' fp32 ``grouped_mm`` experts fall back to a host loop on CUDA, while
+  the CPU has a kernel) captures here. ``harness.runner.capture_verdicts`` lists every zoo stack
+  whose CUDA verdict differs from the emulated one, with its cause.
 * Streams and events are ignored (CPU work is ordered), so missing stream joins go unnoticed.
 * A released external tensor is detected, not corrupted: CUDA would silently read reused memory.
 * Ops that mutate tensor metadata (``resize_``, ``set_``) replay, but a shape change of a captured
@@ -131,10 +140,24 @@ class _EmulatedSegment:
         return f"<emulated segment of {len(self.ops)} ops>"
 
 
+def _call_site() -> str:
+    """The innermost frame outside torch and the harness's graph layer: the line that made the op."""
+    import traceback
+
+    for frame in reversed(traceback.extract_stack()):
+        path = frame.filename.replace("\\", "/")
+        if "/torch/" in path or "/harness/graphs/" in path or path.startswith("<"):
+            continue
+        path = path.split("site-packages/")[-1]  # transformers/models/...: the same on every machine
+        return f"{path}:{frame.lineno} ({frame.name}: {(frame.line or '').strip()[:80]})"
+    return "an unknown call site"
+
+
 class _Recorder(TorchDispatchMode):
-    def __init__(self, pool: _EmulatedPool) -> None:
+    def __init__(self, pool: _EmulatedPool, device_type: str) -> None:
         super().__init__()
         self.pool = pool
+        self.device_type = device_type  # the device the graph stands for
         self.ops: list[_RecordedOp] = []
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
@@ -143,8 +166,16 @@ class _Recorder(TorchDispatchMode):
         result = func(*args, **kwargs)
         flat_result, _ = tree_flatten(result)
         if func.overloadpacket.__name__ == "lift_fresh":
-            # torch.tensor(...) constants are made outside dispatch and only lifted here; like CUDA's
-            # captured constants they belong to the graph, and lifting them again at replay is a no-op.
+            # torch.tensor(...) data is copied from Python outside dispatch and only lifted here. On the
+            # graph's device that is a host-to-device copy of pageable memory, which CUDA refuses; a
+            # host-side tensor (another device) is CPU work, outside any graph, and stays a constant.
+            if any(isinstance(out, torch.Tensor) and out.device.type == self.device_type for out in flat_result):
+                raise CaptureError(
+                    "aten.lift_fresh (a tensor made from Python data, torch.tensor/as_tensor) cannot be captured "
+                    f"in a graph: on a GPU it is a copy from pageable host memory, which capture refuses. Made at "
+                    f"{_call_site()}. Build it before the capture (a static tensor), or with torch.full/"
+                    "torch.zeros on the device, which launch a fill kernel instead of a copy."
+                )
             self._own(flat_result)
             return result
         leaves, spec = tree_flatten((args, kwargs))
@@ -172,8 +203,8 @@ class _Recorder(TorchDispatchMode):
 
 
 class _EmulatedRecording:
-    def __init__(self, pool: _EmulatedPool) -> None:
-        self.recorder = _Recorder(pool)
+    def __init__(self, pool: _EmulatedPool, device_type: str) -> None:
+        self.recorder = _Recorder(pool, device_type)
         self.recorder.__enter__()
 
     def end(self) -> _EmulatedSegment:
@@ -221,6 +252,10 @@ class EmulatedBackend(GraphBackend):
         "lazily on the first call is created inside the graph (see harness/graphs/_emulated.py)"
     )
 
+    def __init__(self, device: torch.device | str | None = None) -> None:
+        #: The device the emulated graph stands for: tensors made from Python data on it are refused.
+        self.device_type = torch.device(device if device is not None else "cpu").type
+
     def new_pool(self) -> _EmulatedPool:
         return _EmulatedPool()
 
@@ -237,4 +272,4 @@ class EmulatedBackend(GraphBackend):
             yield
 
     def begin_segment(self, pool: _EmulatedPool) -> _EmulatedRecording:
-        return _EmulatedRecording(pool)
+        return _EmulatedRecording(pool, self.device_type)

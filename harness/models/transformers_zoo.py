@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import os
 from typing import Any, Mapping
 
 import torch
@@ -36,12 +37,24 @@ __all__ = [
     "architecture_names",
     "build_architecture",
     "text_config_of",
+    "EXPERTS_IMPLEMENTATIONS",
+    "EXPERTS_VARIABLE",
+    "experts_implementation",
 ]
 
 VOCAB_SIZE = 160
 HIDDEN_SIZE = 32
 NUM_LAYERS = 3  # three, so "a middle layer" exists for divergence localisation
 FAMILIES = ("dense", "gpt-style", "moe", "hybrid", "vlm")
+# How MoE and hybrid stacks run their experts (transformers' ``config._experts_implementation``).
+# ``batched_mm`` first: it is what an engine runs under CUDA graphs. transformers 5.x defaults to
+# ``grouped_mm``, whose fp32 path on CUDA falls back to a host loop that capture refuses (13 of the
+# zoo's 16 MoE and hybrid stacks on the H200), while the CPU has a kernel for it; ``eager`` is the
+# modules' own per-expert loop.
+EXPERTS_IMPLEMENTATIONS = ("batched_mm", "grouped_mm", "eager")
+# The run's choice, in the environment so that child processes (kill matrix, subprocess cases) share it;
+# the pytest option --experts-implementation sets it.
+EXPERTS_VARIABLE = "HARNESS_EXPERTS_IMPLEMENTATION"
 
 
 class ArchitectureUnavailable(HarnessError):
@@ -264,12 +277,35 @@ def text_config_of(model: nn.Module) -> Any:
     return getter() if getter is not None else config
 
 
+def experts_implementation(requested: str | None = None) -> str:
+    """The experts implementation of this run: ``requested``, else the environment's
+    (:data:`EXPERTS_VARIABLE`), else ``batched_mm``; an unknown name is a :class:`UsageError`."""
+    name = requested or os.environ.get(EXPERTS_VARIABLE) or EXPERTS_IMPLEMENTATIONS[0]
+    if name not in EXPERTS_IMPLEMENTATIONS:
+        raise UsageError(f"unknown experts implementation {name!r} (from {'the argument' if requested else EXPERTS_VARIABLE}); "
+                         f"choose one of {', '.join(EXPERTS_IMPLEMENTATIONS)}")
+    return name
+
+
+def _set_experts_implementation(model_class: type, config: Any, name: str) -> str | None:
+    """Ask for ``name`` where the model's experts dispatch through transformers' experts interface;
+    None where they do not (their own routing runs whatever is asked: jetmoe, phimoe, dbrx)."""
+    can_set = getattr(model_class, "_can_set_experts_implementation", None)
+    if can_set is None or not can_set():
+        return None
+    config._experts_implementation = name  # transformers' setter passes it on to sub-configs
+    return name
+
+
 def build_architecture(name: str, *, seed: int = 0, dtype: torch.dtype = torch.float32,
-                       device: torch.device | str = "cpu") -> nn.Module:
+                       device: torch.device | str = "cpu", experts: str | None = None) -> nn.Module:
     """Tiny random model of architecture ``name``: weights depend only on ``seed``; eval mode, frozen,
-    eager attention (the packed block-diagonal mask is an additive 4D mask)."""
+    eager attention (the packed block-diagonal mask is an additive 4D mask). MoE and hybrid stacks
+    run their experts with ``experts`` (see :func:`experts_implementation`); ``model.zoo_experts``
+    says what was set (None where the model has no experts interface)."""
     arch = _architecture(name)
     model_class = _transformers_class(arch, arch.model_class)
+    experts = experts_implementation(experts)
     try:
         config = _config(arch)
     except (TypeError, ValueError, KeyError, AttributeError) as error:
@@ -280,6 +316,7 @@ def build_architecture(name: str, *, seed: int = 0, dtype: torch.dtype = torch.f
         sub = getattr(config, key, None)
         if sub is not None:
             sub._attn_implementation = "eager"
+    chosen_experts = _set_experts_implementation(model_class, config, experts) if arch.family in ("moe", "hybrid") else None
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         try:
@@ -297,4 +334,5 @@ def build_architecture(name: str, *, seed: int = 0, dtype: torch.dtype = torch.f
     model.zoo_name = name
     model.zoo_family = arch.family
     model.zoo_layout = arch.layout
+    model.zoo_experts = chosen_experts
     return model

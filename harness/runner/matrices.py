@@ -124,9 +124,11 @@ def _capture_cell(adapter: TransformersAdapter, rule: DiscoveryRule, *, graphs: 
                             "replay_matches_eager": None, "max_abs_diff": None}
     try:
         runner = LayerStackRunner(adapter, buckets=buckets, graphs=graphs, rules=(rule,))
-    except CaptureError as error:  # the emulated backend names the op (CUDA's own message does not)
+    except CaptureError as error:  # the emulated backend names the op and where it was made (CUDA does not)
+        message = str(error)
+        site = message.partition(" Made at ")[2].split(" (")[0]
         return {**cell, "stop_kind": "CaptureError",
-                "stopped_by": str(error).split(" cannot be captured")[0].splitlines()[0][:200]}
+                "stopped_by": (message.split(" cannot be captured")[0].splitlines()[0] + (f" at {site}" if site else ""))[:200]}
     except Exception as error:  # real HF code under capture: record what stopped it, keep the matrix going
         return {**cell, "stop_kind": type(error).__name__, "stopped_by": _first_line(error)}
     batch = ForwardBatch.from_lengths(list(MATRIX_LENGTHS), vocab_size=VOCAB_SIZE - 2, seed=seed, device=device)

@@ -5,6 +5,9 @@ matrix (every architecture against every discovery rule) as a golden."""
 
 from __future__ import annotations
 
+import json
+import os
+import types
 import warnings
 
 import pytest
@@ -13,22 +16,49 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from harness.compare import assert_equivalent, equivalent
+from harness.golden import GoldenExtension
 from harness.graphs import GraphCapturer
-from harness.models.transformers_zoo import ARCHITECTURES, VOCAB_SIZE, ArchitectureUnavailable
-from harness.pytest_support import capped_examples, current_hypothesis_profile
+from harness.models.transformers_zoo import (
+    ARCHITECTURES,
+    EXPERTS_IMPLEMENTATIONS,
+    VOCAB_SIZE,
+    ArchitectureUnavailable,
+    experts_implementation,
+)
+from harness.pytest_support import capped_examples, current_hypothesis_profile, session_of
 from harness.runner import ForwardBatch, select_bucket
+from harness.runner.capture_verdicts import (
+    COMPARED_CLASSES,
+    DEVICE_DIFFERENCES,
+    UNCAPTURABLE,
+    golden_name,
+    uncapturable,
+    verdict_class,
+    verdict_differences,
+)
 from harness.runner.cases import eager, eager_padded
 from harness.runner.divergence import localise
 from harness.runner.matrices import capture_row
 
 CI_SUBSET = ("llama", "qwen3-moe", "llava", "lfm2")  # dense, MoE, VLM, hybrid (grid layout)
-# Stacks no graph can capture, with the op that stops them; test_uncapturable_stacks_are_the_known_ones
-# keeps this in step with the capture matrix.
-UNCAPTURABLE = {"jetmoe": "aten._local_scalar_dense (Tensor.tolist)"}  # routing reads expert counts on the host
-# Every profile runs the subset; nightly the whole capturable zoo (its examples cost seconds on a CPU).
-ZOO = (tuple(a.name for a in ARCHITECTURES if a.name not in UNCAPTURABLE) if current_hypothesis_profile() == "nightly"
-       else CI_SUBSET)
 MAX_TOKENS = 16
+
+
+def _verdict_class(config: pytest.Config) -> str:
+    session = session_of(config)
+    return verdict_class(session.backend.name, session.device)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    # Every profile replays the subset; nightly the whole zoo this verdict class captures (its examples
+    # cost seconds on a CPU). A class never recorded replays every stack: its failures are news.
+    if metafunc.definition.name != "test_replay_equals_eager":
+        return
+    names = CI_SUBSET
+    if current_hypothesis_profile() == "nightly":
+        refused = uncapturable(_verdict_class(metafunc.config)) or {}
+        names = tuple(a.name for a in ARCHITECTURES if a.name not in refused)
+    metafunc.parametrize("name", names)
 
 
 def _lengths():
@@ -43,7 +73,6 @@ def _runner(architecture_runner, name, **options):
         pytest.skip(str(error))  # the installed transformers lacks it: the reason is in the message
 
 
-@pytest.mark.parametrize("name", ZOO)
 @capped_examples(3)
 @given(lengths=_lengths(), seed=st.integers(0, 2**16), mode=st.sampled_from(["none", "last", "full"]),
        all_logits=st.booleans())
@@ -97,9 +126,7 @@ def test_no_layer_diverges(architecture_runner, device, name):
     assert report.first_divergent is None, f"{name}: replay departs from eager\n{report}"
 
 
-@pytest.fixture(scope="module")
-def capture_matrix(graph_backend, device):
-    """Every architecture against every rule (reference runner, selected graph backend)."""
+def _capture_matrix(graph_backend, device):
     graphs = GraphCapturer(graph_backend)
     matrix = {}
     with warnings.catch_warnings():
@@ -112,6 +139,22 @@ def capture_matrix(graph_backend, device):
     return matrix
 
 
+@pytest.fixture(scope="module")
+def capture_matrix(graph_backend, device, tmp_path_factory):
+    """Every architecture against every rule (reference runner, selected graph backend), computed once
+    per run: under pytest-xdist the first worker to need it writes it (plain JSON) where the others read
+    it, instead of every worker building and capturing the whole zoo again."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return _capture_matrix(graph_backend, device)
+    from filelock import FileLock
+
+    shared = tmp_path_factory.getbasetemp().parent / "capture-matrix.json"
+    with FileLock(str(shared) + ".lock"):
+        if not shared.is_file():
+            shared.write_text(json.dumps(_capture_matrix(graph_backend, device)))
+        return json.loads(shared.read_text())
+
+
 def test_harness_rule_stacks_replay_like_eager(capture_matrix):
     # The whole capturable zoo: where the harness rule's stack captures, several requests replay it
     # and match eager. Stacks that do not capture are recorded in the golden with the op that stopped them.
@@ -121,21 +164,59 @@ def test_harness_rule_stacks_replay_like_eager(capture_matrix):
     assert not wrong, f"harness-rule stacks that capture but do not replay several requests like eager: {wrong}"
 
 
-def test_uncapturable_stacks_are_the_known_ones(capture_matrix, graph_backend):
+def test_uncapturable_stacks_are_the_known_ones(capture_matrix, graph_backend, pytestconfig):
+    kind = _verdict_class(pytestconfig)
+    known = uncapturable(kind)
     refused = {name: row["harness"]["stopped_by"] for name, row in capture_matrix.items()
                if "harness" in row and not row["harness"]["captures"]}
-    if graph_backend.name != "emulated":  # CUDA refuses without naming the op: compare which stacks only
-        refused = {name: UNCAPTURABLE.get(name, message) for name, message in refused.items()}
-    assert refused == UNCAPTURABLE, (
-        f"the harness rule's stacks that do not capture changed: {refused} (expected {UNCAPTURABLE}); a stack that "
-        "now captures joins the nightly replay tests once it leaves UNCAPTURABLE")
+    assert known is not None, (
+        f"no capture verdicts are recorded for {kind!r}; these stacks refused capture here: {refused}. Record them "
+        "in harness/runner/capture_verdicts.py (UNCAPTURABLE) and the matrix with --snapshot-update")
+    if graph_backend.name == "emulated":  # the emulation names the op: it must be the recorded one
+        mismatched = {name: message for name, message in refused.items()
+                      if name in known and known[name].split(" (")[0] not in message}
+        assert not mismatched, f"stacks stopped by another op than recorded in UNCAPTURABLE[{kind!r}]: {mismatched}"
+    assert set(refused) == set(known), (
+        f"the harness rule's stacks that do not capture on {kind} changed: {sorted(refused)} (recorded: "
+        f"{sorted(known)}); first lines: {refused}. A stack that now captures joins the nightly replay tests once "
+        "it leaves UNCAPTURABLE")
 
 
-def test_capture_matrix_golden(capture_matrix, snapshot):
-    # A transformers upgrade that makes a stack capturable or not shows here as a reviewable diff. The
-    # largest difference and the error's text differ by backend: reported (bench, GPU script), not
-    # pinned; the op that stops each stack is checked above (UNCAPTURABLE).
-    pinned = {name: {rule: {key: value for key, value in cell.items() if key not in ("max_abs_diff", "stopped_by")}
-                     for rule, cell in row.items()} if "unavailable" not in row else row
-              for name, row in capture_matrix.items()}
-    assert pinned == snapshot
+def _pinned(matrix):
+    # The largest difference and the error's text differ by run: reported (bench, GPU script), not pinned.
+    return {name: {rule: {key: value for key, value in cell.items() if key not in ("max_abs_diff", "stopped_by")}
+                   for rule, cell in row.items()} if "unavailable" not in row else row
+            for name, row in matrix.items()}
+
+
+def test_capture_matrix_golden(capture_matrix, snapshot, graph_backend, device):
+    # One golden per verdict class and experts implementation (harness.runner.capture_verdicts): a
+    # transformers upgrade that makes a stack capturable or not shows here as a reviewable diff.
+    assert _pinned(capture_matrix) == snapshot(name=golden_name(graph_backend.name, device, experts_implementation()))
+
+
+def _recorded_matrix(kind: str) -> dict:
+    folder = GoldenExtension.dirname(test_location=types.SimpleNamespace(filepath=__file__, basename="test_capture"))
+    path = f"{folder}/test_capture_matrix_golden[{kind}-{EXPERTS_IMPLEMENTATIONS[0]}].json"
+    try:
+        with open(path) as file:
+            return json.load(file)
+    except FileNotFoundError:
+        pytest.fail(f"the capture matrix of {kind} is not recorded ({path}): run test_capture_matrix_golden with "
+                    "--snapshot-update on that device class", pytrace=False)
+
+
+def test_emulated_and_cuda_verdicts_differ_only_where_listed():
+    """The recorded matrices of the emulation and of CUDA (H200) agree on every stack, or the difference
+    is listed with its cause in DEVICE_DIFFERENCES; UNCAPTURABLE agrees with both recordings."""
+    matrices = {kind: _recorded_matrix(kind) for kind in COMPARED_CLASSES}
+    for kind, matrix in matrices.items():
+        refused = {name for name, row in matrix.items() if "harness" in row and not row["harness"]["captures"]}
+        assert refused == set(UNCAPTURABLE[kind]), (
+            f"UNCAPTURABLE[{kind!r}] {sorted(UNCAPTURABLE[kind])} disagrees with its recorded matrix {sorted(refused)}")
+    differences = verdict_differences(*matrices.values())
+    unlisted = {name: verdict for name, verdict in differences.items() if name not in DEVICE_DIFFERENCES}
+    stale = sorted(set(DEVICE_DIFFERENCES) - set(differences))
+    assert not unlisted and not stale, (
+        f"verdicts (captures on {' / '.join(COMPARED_CLASSES)}) that differ without a listed cause: {unlisted}; "
+        f"listed differences that no longer hold: {stale} (harness/runner/capture_verdicts.py, DEVICE_DIFFERENCES)")

@@ -1,0 +1,95 @@
+"""Which transformers-zoo stacks capture, per backend and device class, and why the classes differ.
+
+A capture verdict depends on where it is made: the emulated backend sees every op but not the kernel
+a model picks by device type, and CUDA refuses what its driver refuses. So the capture matrix
+(:func:`harness.runner.matrices.capture_row` over the zoo) is recorded once per *verdict class*
+(:func:`verdict_class`: ``cpu`` for the emulated backend on the CPU, ``cuda-sm90`` for CUDA graphs
+on an H200, ...) and experts implementation, as a golden of its own, and the stacks the harness
+rule cannot capture are listed here per class (:data:`UNCAPTURABLE`).
+
+Where the emulated and the CUDA verdicts differ, the difference is a recorded fact with its cause
+(:data:`DEVICE_DIFFERENCES`); ``suites/runner/architectures`` fails on a difference that is not
+listed, and on a listed one that no longer holds.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+
+__all__ = [
+    "UNCAPTURABLE",
+    "DEVICE_DIFFERENCES",
+    "COMPARED_CLASSES",
+    "verdict_class",
+    "golden_name",
+    "uncapturable",
+    "verdict_differences",
+]
+
+# The stacks the harness rule cannot capture, per verdict class (experts: batched_mm), with what stops
+# them: the op on the emulated backend (it names it), the transformers call site on CUDA (read off the
+# error's last transformers frame on the H200; CUDA's own message does not name the op).
+UNCAPTURABLE: dict[str, dict[str, str]] = {
+    "cpu": {
+        # transformers 5.24: _split_heads indexes with a Python list (fused_qkv[..., [-2], :]), an index
+        # tensor made from Python data
+        "falcon": "aten.lift_fresh (modeling_falcon _split_heads: a list index)",
+        "gpt-neo": "aten.lift_fresh (modeling_gpt_neo _attn: torch.tensor(mask_value, device=...))",
+        "jetmoe": "aten._local_scalar_dense (Tensor.tolist)",  # routing reads expert counts on the host
+    },
+    # Recorded on an H200 (torch 2.11+cu130, transformers 5.24). CUDA says of each: "Cannot copy between
+    # CPU and CUDA tensors during CUDA graph capture unless the CPU tensor is pinned".
+    "cuda-sm90": {
+        "falcon": "a list index in _split_heads: the index tensor is made on the host and copied",
+        "gpt-neo": "torch.tensor(mask_value, device=...) in _attn: a copy from pageable host memory",
+        "jetmoe": "expert_size.tolist() in its router: a host read of expert counts",
+        "phimoe": "a host tensor copied to the device in its sparse-mixer routing (see DEVICE_DIFFERENCES)",
+    },
+}
+
+# Stacks whose CUDA verdict differs from the emulated one, with the cause. Only what the CPU cannot
+# know belongs here (a kernel path chosen by device type); what it can know it refuses as CUDA does.
+DEVICE_DIFFERENCES: dict[str, str] = {
+    "phimoe": ("captures on the emulated CPU, refused on CUDA: its routing copies a tensor built on the host to the "
+               "device; on the CPU the host is the device, so there is no copy to refuse"),
+}
+
+# The classes whose recorded matrices are compared: the emulation and the GPU class it stands for.
+COMPARED_CLASSES = ("cpu", "cuda-sm90")
+
+
+def verdict_class(backend_name: str, device: torch.device | str) -> str:
+    """``cpu`` (emulated on the CPU), ``cuda-sm<major><minor>`` (CUDA graphs on that GPU), or
+    ``emulated-cuda-sm..`` (the emulation over CUDA tensors)."""
+    from harness.golden import device_class
+
+    kind = device_class(torch.device(device))
+    if backend_name == "emulated" and kind != "cpu":
+        return f"emulated-{kind}"
+    return kind
+
+
+def golden_name(backend_name: str, device: torch.device | str, experts: str) -> str:
+    """The capture matrix golden's name for this run: the verdict class and the experts implementation."""
+    return f"{verdict_class(backend_name, device)}-{experts}"
+
+
+def uncapturable(kind: str) -> dict[str, str] | None:
+    """The stacks class ``kind`` cannot capture, or None where that class was never recorded."""
+    return UNCAPTURABLE.get(kind)
+
+
+def verdict_differences(emulated: Mapping[str, Any], cuda: Mapping[str, Any], *,
+                        rule: str = "harness") -> dict[str, tuple[bool, bool]]:
+    """``{stack: (captures emulated, captures on CUDA)}`` where two recorded matrices disagree on
+    ``rule``'s stack; stacks unavailable in either are left out (nothing was measured)."""
+    differences = {}
+    for name in sorted(set(emulated) & set(cuda)):
+        left, right = emulated[name].get(rule), cuda[name].get(rule)
+        if left is None or right is None:
+            continue
+        if left["captures"] != right["captures"]:
+            differences[name] = (left["captures"], right["captures"])
+    return differences

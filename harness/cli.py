@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None, *, prog: str | None = None) -> int:
     check.add_argument("--graph-backend", choices=BACKEND_NAMES, default="auto")
     check.add_argument("--device", choices=DEVICE_CHOICES, default="auto")
     check.add_argument("--jobs", type=int, default=None,
-                       help="pytest processes at once (default: 4 per GPU on a CUDA device, else the CPU cores)")
+                       help="pytest processes at once (default: 8 per GPU on a CUDA device, else the CPU cores)")
     check.add_argument("--json", help="also write the kill matrix as JSON here (with seconds to kill per run)")
     check.add_argument("--keep-hints", action="store_true",
                        help="do not rewrite golden/selfcheck/kill_matrix.json (which test killed each mutant)")

@@ -36,8 +36,9 @@ __all__ = ["Outcome", "HINTS_PATH", "default_jobs", "run_one", "run_selfcheck", 
 _FAILED_LINE = re.compile(r"^(?:FAILED|ERROR) (\S+)", re.MULTILINE)
 # Which test killed which mutant last, per graph backend; relative to the project root.
 HINTS_PATH = Path("golden") / "selfcheck" / "kill_matrix.json"
-# Concurrent pytest processes per GPU: a handful share one device well; more only queue on it.
-PROCESSES_PER_GPU = 4
+# Concurrent pytest processes per GPU (never more than the cores): the suites' kernels are tiny, so a
+# mutant's run is mostly process start-up, imports and capture on the host; eight share an H200 well.
+PROCESSES_PER_GPU = 8
 
 
 # A reference runs its whole suite, so it is the longest run of the matrix: where there are cores to

@@ -78,11 +78,12 @@ def test_digest_is_per_device_class_and_merge_keeps_numbers_within_tolerance():
     base = _tensor()
     old = to_golden(base)
     moved = json.loads(json.dumps(old))
-    moved["__tensor__"]["sha256"] = {"cuda-sm90": "feed"}
+    (own_class,) = old["__tensor__"]["sha256"]  # this run's device class: cpu, or cuda-sm90 on an H200
+    moved["__tensor__"]["sha256"] = {"other-class": "feed"}
     moved["__tensor__"]["stats"]["mean"] += 1e-7  # within tolerance: the old numbers stay
     merged = merge_golden(moved, old)
     assert merged["__tensor__"]["stats"] == old["__tensor__"]["stats"]
-    assert merged["__tensor__"]["sha256"] == {"cpu": old["__tensor__"]["sha256"]["cpu"], "cuda-sm90": "feed"}
+    assert merged["__tensor__"]["sha256"] == {own_class: old["__tensor__"]["sha256"][own_class], "other-class": "feed"}
     changed = to_golden(base + 1.0)
     assert merge_golden(changed, old) == changed  # beyond tolerance: new numbers, only this class's digest
 

@@ -45,15 +45,17 @@ UNCAPTURABLE: dict[str, dict[str, str]] = {
         "falcon": "a list index in _split_heads: the index tensor is made on the host and copied",
         "gpt-neo": "torch.tensor(mask_value, device=...) in _attn: a copy from pageable host memory",
         "jetmoe": "expert_size.tolist() in its router: a host read of expert counts",
-        "phimoe": "a host tensor copied to the device in its sparse-mixer routing (see DEVICE_DIFFERENCES)",
+        "phimoe": "inv_freq rebuilt on the host in its rotary embedding and copied (see DEVICE_DIFFERENCES)",
     },
 }
 
 # Stacks whose CUDA verdict differs from the emulated one, with the cause. Only what the CPU cannot
 # know belongs here (a kernel path chosen by device type); what it can know it refuses as CUDA does.
 DEVICE_DIFFERENCES: dict[str, str] = {
-    "phimoe": ("captures on the emulated CPU, refused on CUDA: its routing copies a tensor built on the host to the "
-               "device; on the CPU the host is the device, so there is no copy to refuse"),
+    # transformers 5.24, modeling_phimoe.py:92 (PhimoeRotaryEmbedding.forward)
+    "phimoe": ("its rotary embedding rebuilds inv_freq at every call with torch.arange and no device (on the host) "
+               "and copies it with .to(device=x.device): on CUDA a copy from pageable host memory, which capture "
+               "refuses; on the CPU the host is the device, so the emulation sees no copy to refuse"),
 }
 
 # The classes whose recorded matrices are compared: the emulation and the GPU class it stands for.

@@ -1,0 +1,39 @@
+"""`.ci/gpu/run` is the one GPU check and `.github/workflows/gpu.yml` calls its steps by name: the two
+cannot drift apart (every step of the script runs in the workflow, and the workflow runs nothing else)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / ".ci" / "gpu" / "run"
+WORKFLOW = ROOT / ".github" / "workflows" / "gpu.yml"
+
+
+def _script_steps() -> list[str]:
+    return re.findall(r"^command\[(\w+)\]=", SCRIPT.read_text(), re.MULTILINE)
+
+
+def test_the_workflow_runs_every_step_of_the_script_and_nothing_else():
+    workflow = WORKFLOW.read_text()
+    called = re.findall(r"\.ci/gpu/run [^\n]*--step (\w+)", workflow)
+    assert sorted(called) == sorted(_script_steps()), (
+        f"gpu.yml calls steps {sorted(called)}, .ci/gpu/run defines {sorted(_script_steps())}")
+    # No check of its own beside the script's: pytest and the harness's checks run only through it.
+    assert not re.search(r"bin/pytest|-m pytest|harness selfcheck|harness bench", workflow), (
+        "gpu.yml runs a check of its own; make it a step of .ci/gpu/run")
+
+
+def test_every_step_has_a_limit_and_the_limits_fit_eight_minutes():
+    text = SCRIPT.read_text()
+    limits = {name: int(seconds) for name, seconds in re.findall(r"^limit\[(\w+)\]=(\d+)", text, re.MULTILINE)}
+    assert set(limits) == set(_script_steps())
+    assert sum(limits.values()) <= 8 * 60 + 60, f"step limits {limits} exceed the 8-minute budget (with set-up)"
+
+
+def test_the_script_parses_and_refuses_an_unknown_argument():
+    assert subprocess.run(["bash", "-n", str(SCRIPT)]).returncode == 0
+    completed = subprocess.run([str(SCRIPT), "--bogus"], capture_output=True, text=True)
+    assert completed.returncode == 2 and "unknown argument '--bogus'" in completed.stderr

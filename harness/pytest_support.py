@@ -1,6 +1,7 @@
 """Pytest glue: option handling, implementation selection, hypothesis profiles, reproduction lines.
 
-The only module of the harness that imports pytest; the root ``conftest.py`` wires it in.
+With :mod:`harness.report`, the only modules of the harness that import pytest; the plugin
+(:mod:`harness.pytest_plugin`) wires it in.
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ def register_hypothesis_profiles() -> None:
         database=DirectoryBasedExampleDatabase(os.path.join(".hypothesis", "nightly")), **common,
     )
     # An explicit --hypothesis-profile wins; it is applied by hypothesis' own plugin after this. An
-    # unknown name is not loaded here (at conftest import it would be a traceback): configure()
+    # unknown name is not loaded here (at plugin import it would be a traceback): configure()
     # reports it as a usage error.
     name = os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev")
     settings.load_profile(name if _is_registered_profile(name) else "dev")
@@ -284,12 +285,12 @@ def _implementation_fixture(row: components.Component) -> Callable[..., Any]:
 
 def implementation_fixtures() -> dict[str, Callable[..., Any]]:
     """One session fixture per row of the component table, named by the row's ``fixture``; the root
-    conftest publishes them. Each yields what its suites call (a capturer, a factory, a function)."""
+    plugin publishes them. Each yields what its suites call (a capturer, a factory, a function)."""
     return {row.fixture: _implementation_fixture(row) for row in components.COMPONENTS}
 
 
 class _SyrupyMissing:
-    """Stands in for syrupy's plugin when it is not installed: the root conftest's ``snapshot``
+    """Stands in for syrupy's plugin when it is not installed: the suites' ``snapshot``
     fixture builds on a ``snapshot`` fixture, and without one pytest reports a recursive dependency."""
 
     @pytest.fixture

@@ -1,6 +1,7 @@
 """The run report: what ran, what passed per component, how close results came to their tolerances.
 
-A pytest plugin, loaded by the root ``conftest.py`` (``pytest_plugins = ["harness.report"]``). At
+A pytest plugin, loaded by the harness's plugin (:mod:`harness.pytest_plugin`: ``pytest_plugins =
+["harness.report"]``). At
 the end of a run it prints, and with ``--harness-report PATH`` writes as JSON:
 
 - device, graph backend, torch and transformers versions, the implementations under test;
@@ -45,7 +46,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="also write the run report (setup, outcomes per component, errors per dtype, goldens) as JSON")
 
 
-@pytest.hookimpl(trylast=True)  # after the root conftest has resolved the device
+@pytest.hookimpl(trylast=True)  # after the harness plugin has resolved the device
 def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(RunReport(config), "harness-run-report")
 
@@ -58,7 +59,7 @@ def _component(nodeid: str) -> str:
 
 
 def _harness_session(config: pytest.Config) -> Any:
-    """What the root conftest resolved (device, backend, implementations), or None outside this project."""
+    """What the harness plugin resolved (device, backend, implementations), or None outside this project."""
     from harness import pytest_support
 
     try:

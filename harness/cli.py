@@ -13,20 +13,12 @@ import sys
 import time
 from pathlib import Path
 
-from harness import components, impls
+from harness import components, impls, locations
 from harness.devices import DEVICE_CHOICES, resolve_device
 from harness.errors import HarnessError
 from harness.graphs import BACKEND_NAMES, get_backend
 
 __all__ = ["main"]
-
-
-def _project_root() -> Path:
-    """The checkout holding ``suites/``: the current directory or the one above the package."""
-    for candidate in (Path.cwd(), Path(__file__).resolve().parent.parent):
-        if (candidate / "suites").is_dir():
-            return candidate
-    raise HarnessError("cannot find the suites/ folder: run this from the root of a harness checkout")
 
 
 def _chosen_components(arguments: argparse.Namespace) -> list[str]:
@@ -70,7 +62,7 @@ def _selfcheck(arguments: argparse.Namespace) -> int:
 
     chosen = _chosen_components(arguments)
     _check_device(arguments)
-    root = _project_root()
+    root = locations.project_root()  # the checkout, or the installed package: it runs from any directory
     started = time.perf_counter()
     outcomes = selfcheck.run_selfcheck(components=chosen, graph_backend=arguments.graph_backend,
                                        device=arguments.device, jobs=arguments.jobs, root=root)
@@ -80,7 +72,7 @@ def _selfcheck(arguments: argparse.Namespace) -> int:
     if arguments.json:
         selfcheck.write_json(outcomes, arguments.json, wall_seconds=round(wall, 1))
     moved = _kill_matrix_changes(root, outcomes) if arguments.check_kill_matrix else []
-    if not arguments.keep_hints:
+    if not arguments.keep_hints and locations.is_checkout():  # an installed wheel's hints stay as shipped
         selfcheck.write_hints(root, outcomes)
     return 0 if all(o.ok for o in outcomes) and not moved else 1
 

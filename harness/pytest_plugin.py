@@ -13,11 +13,15 @@ Hypothesis profile: ``dev`` by default, ``ci`` when the ``CI`` variable is set, 
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any, Callable
+
 import pytest
 import torch
 
-from harness import pytest_support
+from harness import components, locations, pytest_support
 from harness.compare import bitwise_expected
+from harness.errors import HarnessError
 from harness.graphs import GraphBackend
 from harness.models.transformers_zoo import experts_implementation
 
@@ -27,13 +31,48 @@ pytest_support.register_hypothesis_profiles()
 pytest_plugins = ["harness.report"]
 
 
-def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
-    pytest_support.add_options(parser, pluginmanager)
+def pytest_addoption(parser: pytest.Parser) -> None:
+    pytest_support.add_options(parser)
+
+
+def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser) -> None:
+    # Every plugin is loaded by now (entry points in no set order): only now is syrupy's absence known.
+    pytest_support.add_snapshot_update_placeholder(parser, early_config.pluginmanager)
+
+
+# The suites' markers, declared here rather than in a project's configuration, so that the suites run the
+# same from a checkout and from an installed wheel (under --strict-markers too).
+MARKERS = {
+    "subprocess": "runs the case in a child process because it may crash the interpreter",
+}
 
 
 @pytest.hookimpl(tryfirst=True)  # before hypothesis's plugin loads the profile, so a bad name is one line
 def pytest_configure(config: pytest.Config) -> None:
+    for name, meaning in MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {meaning}")
     pytest_support.configure(config)
+    # Registered now, after every plugin (syrupy among them, in no set order), so that it overrides
+    # syrupy's fixture of the same name.
+    config.pluginmanager.register(_GoldenSnapshot(), "harness-golden-snapshot")
+
+
+class _GoldenSnapshot:
+    @pytest.fixture
+    def snapshot(self, snapshot, request: pytest.FixtureRequest):
+        """Syrupy's snapshot; for the harness's suites, writing their readable JSON goldens (tensors
+        compared within tolerance) in the ``golden/`` folder beside ``suites/``. Other tests of the
+        session (an engine's own) keep syrupy's default."""
+        from harness.golden import GoldenExtension
+
+        return snapshot.use_extension(GoldenExtension) if _is_harness_suite(request.path) else snapshot
+
+
+def _is_harness_suite(path) -> bool:
+    try:
+        return path.resolve().is_relative_to(locations.suites_dir())
+    except HarnessError:
+        return False
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -90,3 +129,25 @@ def failure_context(request: pytest.FixtureRequest):
 
 # One fixture per component of the table: graph_capturer, runner_factory, gather_function, ...
 globals().update(pytest_support.implementation_fixtures())
+
+
+def collect_suite(component: str) -> Callable[..., Any]:
+    """A ``pytest_collect_file`` hook that collects the harness's suite of ``component`` (the installed
+    one) in the folder of the ``conftest.py`` that assigns it, so an engine runs it inside its own tree::
+
+        # tests/harness_gather/conftest.py
+        from harness.pytest_plugin import collect_suite
+
+        pytest_collect_file = collect_suite("gather")
+
+    ``pytest tests/ --impl gather=my_engine.ops:gather`` then runs it with the engine's other tests.
+    """
+    suite = locations.project_root() / components.get_component(component).suite
+
+    def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
+        # The conftest.py itself, seen by the hook when its folder is collected: it stands for the suite.
+        if file_path.name == "conftest.py" and file_path.parent == getattr(parent, "path", None):
+            return pytest.Package.from_parent(parent, path=suite)
+        return None
+
+    return pytest_collect_file

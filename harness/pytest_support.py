@@ -30,11 +30,13 @@ __all__ = [
     "SESSION_KEY",
     "session_of",
     "add_options",
+    "add_snapshot_update_placeholder",
     "configure",
     "resolve_backend",
     "selected_implementation",
     "implementation_fixtures",
     "reproduce_command",
+    "file_node_id",
     "failure_context",
     "annotate_failure",
     "apply_reproduce_failure",
@@ -80,9 +82,16 @@ def add_options(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager
     group.addoption("--reproduce-failure", metavar="VERSION:BLOB", default=None,
                     help="replay one falsifying example of the one selected hypothesis test, as hypothesis's "
                          "@reproduce_failure(VERSION, BLOB) would; the reproduce line of a failure gives it")
-    if pluginmanager is not None and not pluginmanager.has_plugin("syrupy"):
-        # Without syrupy its option would be "unrecognized": accept it, and say what is missing.
-        group.addoption("--snapshot-update", action="store_true", help="(needs syrupy, which is not installed)")
+    if pluginmanager is not None:
+        add_snapshot_update_placeholder(parser, pluginmanager)
+
+
+def add_snapshot_update_placeholder(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
+    """Without syrupy its option would be "unrecognized": accept it, and say what is missing. Call it once
+    every plugin is loaded (entry points load in no set order: syrupy may come after the harness)."""
+    if not pluginmanager.has_plugin("syrupy"):
+        parser.getgroup("harness").addoption("--snapshot-update", action="store_true",
+                                             help="(needs syrupy, which is not installed)")
 
 
 # The profiles the harness registers (hypothesis adds "default"); README.md says what each is for.
@@ -290,7 +299,7 @@ def implementation_fixtures() -> dict[str, Callable[..., Any]]:
 
 
 class _SyrupyMissing:
-    """Stands in for syrupy's plugin when it is not installed: the suites' ``snapshot``
+    """Stands in for syrupy's plugin when it is not installed: the harness's ``snapshot``
     fixture builds on a ``snapshot`` fixture, and without one pytest reports a recursive dependency."""
 
     @pytest.fixture
@@ -306,7 +315,8 @@ def reproduce_command(config: pytest.Config, nodeid: str, *, replay: tuple[str, 
     options of the project apply wherever it is run), the device, backend and implementations, the
     hypothesis profile, and, for a hypothesis failure, ``--reproduce-failure VERSION:BLOB`` (replays
     the falsifying example without the local example database, no search, no shrinking) or the
-    ``--hypothesis-seed`` that found it.
+    ``--hypothesis-seed`` that found it. ``nodeid`` may start with the test file's absolute path (see
+    :func:`file_node_id`).
     """
     session = session_of(config)
     root = config.rootpath
@@ -352,6 +362,16 @@ def _is_golden_mismatch(report: pytest.TestReport) -> bool:
     return message.startswith("assert") and re.search(r"\bsnapshot\b", message, re.IGNORECASE) is not None
 
 
+def file_node_id(item: pytest.Item) -> str:
+    """The item's node id anchored at its file: the id relative to the rootdir where the file lies in it,
+    else the file's absolute path and the names inside it (an installed wheel's suites are outside the
+    rootdir, and their node ids relative to the folder they were collected from)."""
+    module = item.getparent(pytest.Module)
+    if module is None or item.path.resolve().is_relative_to(item.config.rootpath.resolve()):
+        return item.nodeid
+    return f"{item.path}::{item.nodeid[len(module.nodeid):].lstrip(':')}"
+
+
 def annotate_failure(item: pytest.Item, report: pytest.TestReport) -> None:
     """Add to a failed test's report the line that reproduces it and, for a golden, how to update it.
 
@@ -362,11 +382,12 @@ def annotate_failure(item: pytest.Item, report: pytest.TestReport) -> None:
         return
     text = str(report.longrepr)
     blob, seed = _BLOB.search(text), _SEED.search(text)
-    command = reproduce_command(item.config, item.nodeid, seed=seed["seed"] if seed else None,
+    nodeid = file_node_id(item)
+    command = reproduce_command(item.config, nodeid, seed=seed["seed"] if seed else None,
                                 replay=(blob["version"], blob["blob"]) if blob else None)
     sections = [("reproduce", command)]
     if report.when == "call" and "snapshot" in getattr(item, "fixturenames", ()) and _is_golden_mismatch(report):
-        update = reproduce_command(item.config, item.nodeid)
+        update = reproduce_command(item.config, nodeid)
         sections.append(("golden", "the output does not match its golden file under golden/. If the change is "
                                    f"intended, rewrite the golden with\n  {update} --snapshot-update\n"
                                    "then review `git diff golden/` and commit the golden with the change; "

@@ -52,6 +52,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _component(nodeid: str) -> str:
+    """The folder under ``suites/`` of a node id or a test's location (an installed wheel's suites lie
+    outside the rootdir: their location, ``../site-packages/harness/suites/gather/...``, still names it)."""
     parts = nodeid.split("::")[0].split("/")
     if "suites" in parts[:-1]:
         return parts[parts.index("suites") + 1] if parts.index("suites") + 2 < len(parts) else "suites"
@@ -139,7 +141,8 @@ class RunReport:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when == "call" or report.outcome != "passed":
             outcome = "error" if report.when != "call" and report.outcome == "failed" else report.outcome
-            self.outcomes[_component(report.nodeid)][outcome] += 1
+            where = report.location[0] if getattr(report, "location", None) else report.nodeid
+            self.outcomes[_component(where)][outcome] += 1
 
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         if report.failed:

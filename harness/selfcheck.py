@@ -116,7 +116,9 @@ def run_one(impl: impls.Implementation, *, graph_backend: str, device: str, root
     suite = components.get_component(impl.component).suite
     is_mutant = impl.kind != "reference"
     command = [
-        sys.executable, "-m", "pytest", str(root / suite), *(["-x"] if is_mutant else []), "-q", "-p", "no:cacheprovider",
+        # --rootdir: node ids relative to the root (the hints' form) in an installed wheel too, which has no ini file
+        sys.executable, "-m", "pytest", str(root / suite), "--rootdir", str(root), *(["-x"] if is_mutant else []),
+        "-q", "-p", "no:cacheprovider",
         "-p", "harness._selfcheck_plugin", "-rfE", "--impl", f"{impl.component}={impl.name}",
         "--graph-backend", graph_backend, "--device", device, *(extra_args or []),
     ]

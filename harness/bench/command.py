@@ -21,7 +21,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from harness import impls
+from harness import impls, locations
 from harness.bench import baseline as baselines
 from harness.bench.report import check_plot_extra, environment, format_header, make_report, read_json, write_json
 from harness.bench.timing import spin_up
@@ -50,7 +50,8 @@ def _shared_options() -> argparse.ArgumentParser:
     group.add_argument("--repeat", type=int, default=None,
                        help="timed samples per figure (CUDA; default 30); median and spread are reported")
     group.add_argument("--baseline", metavar="PATH",
-                       help="compare with this report of the same device class; exit 1 on a regression")
+                       help="compare with this report of the same device class, a file or the name of a committed "
+                            "baseline (emulated-gather, h200-runner, ...); exit 1 on a regression")
     group.add_argument("--time-floor", type=float, default=baselines.Thresholds.floor,
                        help="smallest relative change of a time or single speed-up reported as slower or faster "
                             "(default %(default)s; reported, never failed)")
@@ -120,7 +121,7 @@ def _run(options: argparse.Namespace) -> int:
     backend_name = _backend_name(options.graph_backend, device)
     backend = get_backend(backend_name, device=device if device.type == "cuda" else None)
     implementations = _implementations(options.impl, module.COMPONENTS)
-    baseline = read_json(options.baseline) if options.baseline else None  # a bad file fails before measuring
+    baseline = read_json(locations.resolve_baseline(options.baseline)) if options.baseline else None  # a bad file fails before measuring
     if options.plot:
         if not hasattr(module, "plot"):
             raise UsageError(f"bench {options.benchmark} has no plot")

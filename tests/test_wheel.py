@@ -1,0 +1,179 @@
+"""The harness as an engine's CI uses it: the built wheel, installed into a fresh virtual environment,
+run from a directory with no checkout on the path.
+
+One module-scoped build (about 10 s of CPU) and one venv; the suite runs dominate (the packaged gather
+suite with the compiled reference: about a minute of CPU on the 2-core machine). The venv does not
+reinstall torch and the other dependencies: a folder of links to the current environment's packages
+(everything but the harness itself) is put on its path, so the wheel is installed with ``--no-deps``
+and what is tested is the wheel's own content. That the wheel's metadata asks for those dependencies
+is checked on the metadata.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# An engine's module, outside the harness: a correct gather in plain torch, and one that is off by one
+# in one element of one output (a bug the suite must report with its usual failure output).
+_ENGINE_OPS = '''
+def gather(indices, topk_p_buf, topk_index_buf, output_tokens_buf, hidden_states_buf=None):
+    hidden = None if hidden_states_buf is None else hidden_states_buf[indices]
+    return topk_p_buf[indices], topk_index_buf[indices], output_tokens_buf[indices], hidden
+
+
+def broken_gather(indices, topk_p_buf, topk_index_buf, output_tokens_buf, hidden_states_buf=None):
+    topk_p, topk_index, tokens, hidden = gather(indices, topk_p_buf, topk_index_buf, output_tokens_buf,
+                                                hidden_states_buf)
+    if topk_p.numel():
+        topk_p.view(-1)[-1] += 1
+    return topk_p, topk_index, tokens, hidden
+'''
+
+# The documented one-file conftest.py that collects the gather suite inside an engine's own tests.
+_ENGINE_CONFTEST = '''from harness.pytest_plugin import collect_suite
+
+pytest_collect_file = collect_suite("gather")
+'''
+
+_IGNORED = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".hypothesis",
+                                  ".pytest_cache", ".ci")
+
+
+def _run(command: list[str], *, cwd: Path, env: dict[str, str], timeout: int = 900) -> subprocess.CompletedProcess:
+    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """The wheel, built from a copy of the source tree (a stale build/ of the checkout cannot leak in)."""
+    source = tmp_path_factory.mktemp("source") / "llm-graph-harness"
+    shutil.copytree(ROOT, source, ignore=_IGNORED)
+    out = tmp_path_factory.mktemp("dist")
+    # The running environment's setuptools builds it (no build environment to download); pip falls back to
+    # an isolated build where that setuptools is too old.
+    completed = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out),
+                      str(source)], cwd=out, env=dict(os.environ))
+    if completed.returncode != 0:
+        completed = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(source)],
+                         cwd=out, env=dict(os.environ))
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    (built,) = out.glob("llm_graph_harness-*.whl")
+    return built
+
+
+@pytest.fixture(scope="module")
+def installed(wheel, tmp_path_factory) -> tuple[Path, dict[str, str]]:
+    """A fresh venv with the wheel installed: its python, and the environment to run it in from an
+    empty folder (no PYTHONPATH, nothing of the checkout importable)."""
+    base = tmp_path_factory.mktemp("engine-ci")
+    venv = base / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               check=True, capture_output=True, text=True).stdout.strip())
+    here = Path(sysconfig.get_paths()["purelib"])
+    links = base / "dependencies"
+    links.mkdir()
+    for entry in here.iterdir():
+        name = entry.name
+        if name.startswith(("__editable__", "llm_graph_harness", "harness", "pip", "__pycache__")) or name.endswith(".pth"):
+            continue  # the harness itself comes from the wheel; the rest is what its dependencies need
+        (links / name).symlink_to(entry)
+    (site / "harness-test-dependencies.pth").write_text(f"{links}\n")
+    env = {key: value for key, value in os.environ.items()
+           if key not in ("PYTHONPATH", "PYTEST_ADDOPTS", "PYTEST_PLUGINS", "PYTEST_DISABLE_PLUGIN_AUTOLOAD")
+           and not key.startswith(("PYTEST_XDIST", "HYPOTHESIS"))}
+    completed = _run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", str(wheel)],
+                     cwd=base, env=env)
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    engine = base / "engine"
+    (engine / "tests" / "harness_gather").mkdir(parents=True)
+    (engine / "engine_ops.py").write_text(_ENGINE_OPS)
+    (engine / "tests" / "harness_gather" / "conftest.py").write_text(_ENGINE_CONFTEST)
+    return python, {**env, "PYTHONPATH": str(engine)}  # the engine's own module, as its CI would have it
+
+
+def test_the_wheel_carries_suites_goldens_baselines_and_the_plugin(wheel):
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for suite in (ROOT / "suites").rglob("*.py"):
+        assert f"harness/suites/{suite.relative_to(ROOT / 'suites').as_posix()}" in names
+    for golden in (ROOT / "golden").rglob("*.json"):
+        assert f"harness/golden/{golden.relative_to(ROOT / 'golden').as_posix()}" in names
+    for baseline in (ROOT / "harness" / "bench" / "baselines").glob("*.json"):
+        assert f"harness/bench/baselines/{baseline.name}" in names
+    assert "harness/py.typed" in names
+    metadata = zipfile.ZipFile(wheel)
+    dist_info = next(name.split("/")[0] for name in names if name.endswith(".dist-info/METADATA"))
+    entry_points = metadata.read(f"{dist_info}/entry_points.txt").decode()
+    assert re.search(r"^\[pytest11\]\nharness\.pytest_plugin = harness\.pytest_plugin$", entry_points, re.MULTILINE)
+    requires = metadata.read(f"{dist_info}/METADATA").decode()
+    for dependency in ("torch", "pytest", "hypothesis", "syrupy"):
+        assert re.search(rf"^Requires-Dist: {dependency}\b", requires, re.MULTILINE), dependency
+
+
+def test_packaged_gather_suite_passes_the_reference_from_an_empty_folder(installed, tmp_path):
+    python, env = installed
+    completed = _run([str(python), "-m", "pytest", "--pyargs", "harness.suites.gather", "-p", "no:cacheprovider"],
+                     cwd=tmp_path, env=env)
+    output = completed.stdout + completed.stderr
+    assert completed.returncode == 0, output[-5000:]
+    assert re.search(r"^  gather +\d+ passed$", output, re.MULTILINE), output[-3000:]  # the run report, by component
+    assert re.search(r"^\d+ snapshots? passed", output, re.MULTILINE), output[-3000:]  # the packaged golden was found
+
+
+def test_outside_module_passes_and_a_broken_one_fails_with_the_usual_report(installed, tmp_path):
+    python, env = installed
+    engine = Path(env["PYTHONPATH"])
+    good = _run([str(python), "-m", "pytest", "--pyargs", "harness.suites.gather.test_contract", "-p", "no:cacheprovider",
+                 "--impl", "gather=engine_ops:gather", "-q"], cwd=tmp_path, env=env)
+    assert good.returncode == 0, (good.stdout + good.stderr)[-5000:]
+    # The broken one through the engine's own test tree (the one-file conftest.py), stopping at its first failure.
+    broken = _run([str(python), "-m", "pytest", "tests", "-p", "no:cacheprovider", "-x",
+                   "--impl", "gather=engine_ops:broken_gather"], cwd=engine, env=env)
+    output = broken.stdout + broken.stderr
+    assert broken.returncode == 1, output[-5000:]
+    assert "MismatchError" in output and "implementations: {'gather': 'engine_ops:broken_gather'}" in output, output[-5000:]
+    reproduce = re.search(r"^-+ reproduce -+\n(pytest .*)$", output, re.MULTILINE)
+    assert reproduce, output[-5000:]
+    assert "site-packages/harness/suites/gather/test_" in reproduce[1] and "--impl gather=engine_ops:broken_gather" in reproduce[1]
+    assert re.search(r"^  gather +1 failed$", output, re.MULTILINE), output[-3000:]
+
+
+def test_command_line_lists_the_components_from_an_empty_folder(installed, tmp_path):
+    python, env = installed
+    completed = _run([str(python), "-m", "harness", "list"], cwd=tmp_path, env=env)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    for name in ("graphs", "runner", "gather"):
+        assert re.search(rf"^{name}: ", completed.stdout, re.MULTILINE), completed.stdout
+    located = _run([str(python), "-c", "import harness, harness.locations as l; "
+                                      "print(harness.__file__); print(l.suites_dir()); print(l.is_checkout())"],
+                   cwd=tmp_path, env=env)
+    module, suites, checkout = located.stdout.split()
+    assert not Path(module).is_relative_to(ROOT) and Path(suites) == Path(module).parent / "suites"
+    assert checkout == "False"
+
+
+def test_selfcheck_runs_a_mutant_against_the_installed_suite_with_its_shipped_hint(installed, tmp_path):
+    """What ``python -m harness selfcheck`` does per mutant, from the wheel: node ids match the shipped kill
+    matrix (so a mutant's killing test runs first) and the verdict is read as in a checkout."""
+    python, env = installed
+    script = ("from harness import impls, locations, selfcheck\n"
+              "root = locations.project_root()\n"
+              "impl = impls.load('gather', 'mutant:aliases-full-arange')\n"
+              "hint = selfcheck.read_hints(root)[('gather', impl.name, 'emulated')]\n"
+              "outcome = selfcheck.run_one(impl, graph_backend='emulated', device='cpu', root=root, first=hint)\n"
+              "print(outcome.verdict, outcome.first_failure == hint, hint)\n")
+    completed = _run([str(python), "-c", script], cwd=tmp_path, env=env)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert completed.stdout.split()[:2] == ["killed", "True"], completed.stdout

@@ -1,7 +1,7 @@
 """The harness as an engine's CI uses it: the built wheel, installed into a fresh virtual environment,
 run from a directory with no checkout on the path.
 
-One module-scoped build (about 10 s of CPU) and one venv; the suite runs dominate (the packaged gather
+One build (about 10 s of CPU) and one venv; the suite runs dominate (the packaged gather
 suite with the compiled reference: about a minute of CPU on the 2-core machine). The venv does not
 reinstall torch and the other dependencies: a folder of links to the current environment's packages
 (everything but the harness itself) is put on its path, so the wheel is installed with ``--no-deps``
@@ -19,8 +19,6 @@ import sys
 import sysconfig
 import zipfile
 from pathlib import Path
-
-import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -46,6 +44,8 @@ _ENGINE_CONFTEST = '''from harness.pytest_plugin import collect_suite
 pytest_collect_file = collect_suite("gather")
 '''
 
+# The test is about packaging: every run on the CPU and the emulated backend, on a GPU runner too.
+_CPU = ["--device", "cpu", "--graph-backend", "emulated"]
 _IGNORED = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".hypothesis",
                                   ".pytest_cache", ".ci")
 
@@ -54,8 +54,7 @@ def _run(command: list[str], *, cwd: Path, env: dict[str, str], timeout: int = 9
     return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> Path:
+def _build_wheel(tmp_path_factory) -> Path:
     """The wheel, built from a copy of the source tree (a stale build/ of the checkout cannot leak in)."""
     source = tmp_path_factory.mktemp("source") / "llm-graph-harness"
     shutil.copytree(ROOT, source, ignore=_IGNORED)
@@ -72,24 +71,37 @@ def wheel(tmp_path_factory) -> Path:
     return built
 
 
-@pytest.fixture(scope="module")
-def installed(wheel, tmp_path_factory) -> tuple[Path, dict[str, str]]:
+def _dependency_folders() -> list[Path]:
+    """Where this interpreter finds its packages (site-packages, and a PYTHONPATH target such as the GPU
+    runner's), in import order, without the checkout."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"]).resolve()
+    folders = []
+    for entry in sys.path:
+        path = Path(entry or ".").resolve()
+        in_checkout = path.is_relative_to(ROOT) and path.name not in ("site-packages", "dist-packages")  # not a venv's
+        if path.is_dir() and not in_checkout and not path.is_relative_to(stdlib):
+            folders.append(path)
+    return folders
+
+
+def _install(wheel: Path, tmp_path_factory) -> tuple[Path, dict[str, str]]:
     """A fresh venv with the wheel installed: its python, and the environment to run it in from an
-    empty folder (no PYTHONPATH, nothing of the checkout importable)."""
+    empty folder (nothing of the checkout importable; the engine's module on PYTHONPATH, as its CI has it)."""
     base = tmp_path_factory.mktemp("engine-ci")
     venv = base / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = venv / "bin" / "python"
     site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                check=True, capture_output=True, text=True).stdout.strip())
-    here = Path(sysconfig.get_paths()["purelib"])
     links = base / "dependencies"
     links.mkdir()
-    for entry in here.iterdir():
-        name = entry.name
-        if name.startswith(("__editable__", "llm_graph_harness", "harness", "pip", "__pycache__")) or name.endswith(".pth"):
-            continue  # the harness itself comes from the wheel; the rest is what its dependencies need
-        (links / name).symlink_to(entry)
+    for folder in _dependency_folders():
+        for entry in folder.iterdir():
+            name = entry.name
+            if (links / name).exists() or name.endswith(".pth") or name.startswith(
+                    ("__editable__", "llm_graph_harness", "harness", "pip", "__pycache__", "_pytest_")):
+                continue  # the harness itself comes from the wheel; the rest is what its dependencies need
+            (links / name).symlink_to(entry)
     (site / "harness-test-dependencies.pth").write_text(f"{links}\n")
     env = {key: value for key, value in os.environ.items()
            if key not in ("PYTHONPATH", "PYTEST_ADDOPTS", "PYTEST_PLUGINS", "PYTEST_DISABLE_PLUGIN_AUTOLOAD")
@@ -101,10 +113,10 @@ def installed(wheel, tmp_path_factory) -> tuple[Path, dict[str, str]]:
     (engine / "tests" / "harness_gather").mkdir(parents=True)
     (engine / "engine_ops.py").write_text(_ENGINE_OPS)
     (engine / "tests" / "harness_gather" / "conftest.py").write_text(_ENGINE_CONFTEST)
-    return python, {**env, "PYTHONPATH": str(engine)}  # the engine's own module, as its CI would have it
+    return python, {**env, "PYTHONPATH": str(engine)}
 
 
-def test_the_wheel_carries_suites_goldens_baselines_and_the_plugin(wheel):
+def _check_contents(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     for suite in (ROOT / "suites").rglob("*.py"):
         assert f"harness/suites/{suite.relative_to(ROOT / 'suites').as_posix()}" in names
@@ -122,9 +134,9 @@ def test_the_wheel_carries_suites_goldens_baselines_and_the_plugin(wheel):
         assert re.search(rf"^Requires-Dist: {dependency}\b", requires, re.MULTILINE), dependency
 
 
-def test_packaged_gather_suite_passes_the_reference_from_an_empty_folder(installed, tmp_path):
-    python, env = installed
-    completed = _run([str(python), "-m", "pytest", "--pyargs", "harness.suites.gather", "-p", "no:cacheprovider"],
+def _check_reference_passes_the_packaged_suite(python: Path, env: dict[str, str], tmp_path: Path) -> None:
+    completed = _run([str(python), "-m", "pytest", "--pyargs", "harness.suites.gather", "-p", "no:cacheprovider",
+                      *_CPU],
                      cwd=tmp_path, env=env)
     output = completed.stdout + completed.stderr
     assert completed.returncode == 0, output[-5000:]
@@ -132,15 +144,14 @@ def test_packaged_gather_suite_passes_the_reference_from_an_empty_folder(install
     assert re.search(r"^\d+ snapshots? passed", output, re.MULTILINE), output[-3000:]  # the packaged golden was found
 
 
-def test_outside_module_passes_and_a_broken_one_fails_with_the_usual_report(installed, tmp_path):
-    python, env = installed
+def _check_outside_modules(python: Path, env: dict[str, str], tmp_path: Path) -> None:
     engine = Path(env["PYTHONPATH"])
     good = _run([str(python), "-m", "pytest", "--pyargs", "harness.suites.gather.test_contract", "-p", "no:cacheprovider",
-                 "--impl", "gather=engine_ops:gather", "-q"], cwd=tmp_path, env=env)
+                 "--impl", "gather=engine_ops:gather", "-q", *_CPU], cwd=tmp_path, env=env)
     assert good.returncode == 0, (good.stdout + good.stderr)[-5000:]
     # The broken one through the engine's own test tree (the one-file conftest.py), stopping at its first failure.
     broken = _run([str(python), "-m", "pytest", "tests", "-p", "no:cacheprovider", "-x",
-                   "--impl", "gather=engine_ops:broken_gather"], cwd=engine, env=env)
+                   "--impl", "gather=engine_ops:broken_gather", *_CPU], cwd=engine, env=env)
     output = broken.stdout + broken.stderr
     assert broken.returncode == 1, output[-5000:]
     assert "MismatchError" in output and "implementations: {'gather': 'engine_ops:broken_gather'}" in output, output[-5000:]
@@ -150,8 +161,7 @@ def test_outside_module_passes_and_a_broken_one_fails_with_the_usual_report(inst
     assert re.search(r"^  gather +1 failed$", output, re.MULTILINE), output[-3000:]
 
 
-def test_command_line_lists_the_components_from_an_empty_folder(installed, tmp_path):
-    python, env = installed
+def _check_list_and_location(python: Path, env: dict[str, str], tmp_path: Path) -> None:
     completed = _run([str(python), "-m", "harness", "list"], cwd=tmp_path, env=env)
     assert completed.returncode == 0, completed.stderr[-3000:]
     for name in ("graphs", "runner", "gather"):
@@ -164,10 +174,9 @@ def test_command_line_lists_the_components_from_an_empty_folder(installed, tmp_p
     assert checkout == "False"
 
 
-def test_selfcheck_runs_a_mutant_against_the_installed_suite_with_its_shipped_hint(installed, tmp_path):
+def _check_selfcheck_run(python: Path, env: dict[str, str], tmp_path: Path) -> None:
     """What ``python -m harness selfcheck`` does per mutant, from the wheel: node ids match the shipped kill
     matrix (so a mutant's killing test runs first) and the verdict is read as in a checkout."""
-    python, env = installed
     script = ("from harness import impls, locations, selfcheck\n"
               "root = locations.project_root()\n"
               "impl = impls.load('gather', 'mutant:aliases-full-arange')\n"
@@ -177,3 +186,14 @@ def test_selfcheck_runs_a_mutant_against_the_installed_suite_with_its_shipped_hi
     completed = _run([str(python), "-c", script], cwd=tmp_path, env=env)
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert completed.stdout.split()[:2] == ["killed", "True"], completed.stdout
+
+
+def test_an_engine_ci_runs_the_installed_wheel(tmp_path_factory, tmp_path):
+    """One test, so that one wheel and one venv are built, under pytest-xdist too."""
+    wheel = _build_wheel(tmp_path_factory)
+    _check_contents(wheel)
+    python, env = _install(wheel, tmp_path_factory)
+    _check_list_and_location(python, env, tmp_path)
+    _check_outside_modules(python, env, tmp_path)
+    _check_selfcheck_run(python, env, tmp_path)
+    _check_reference_passes_the_packaged_suite(python, env, tmp_path)

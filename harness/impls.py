@@ -32,7 +32,8 @@ class Implementation:
     """One candidate for a component.
 
     ``obj`` is what the component's suites call; ``kind`` is ``reference``, ``mutant`` or
-    ``external``; ``bug`` says, for a mutant, which real bug class it reproduces.
+    ``external``; ``bug`` says, for a mutant, which real bug class it reproduces, and ``backends``
+    the graph backends whose kill matrix judges it (empty: all).
     """
 
     component: str
@@ -40,6 +41,11 @@ class Implementation:
     obj: Any
     kind: str = "reference"
     bug: str = ""
+    backends: frozenset[str] = frozenset()
+
+    def judged_on(self, graph_backend: str) -> bool:
+        """Whether the kill matrix of ``graph_backend`` (``cuda`` or ``emulated``) judges this implementation."""
+        return not self.backends or graph_backend in self.backends
 
     @property
     def spec(self) -> str:
@@ -75,7 +81,8 @@ def mutants(component: str) -> list[Implementation]:
     if mutant_set is None or getattr(mutant_set, "component", None) != component:
         raise ImplementationError(
             f"{row.mutants} must define MUTANTS = MutantSet({component!r}) (see docs/adding-a-component.md)")
-    return [Implementation(component, mutant.spec_name, mutant.obj, "mutant", mutant.bug) for mutant in mutant_set]
+    return [Implementation(component, mutant.spec_name, mutant.obj, "mutant", mutant.bug, mutant.backends)
+            for mutant in mutant_set]
 
 
 def parse_impl_option(option: str) -> tuple[str, str]:

@@ -37,7 +37,7 @@ def changes(root: Path, outcomes: Iterable[Any]) -> list[str]:
     recorded = _recorded(root)
     lines = []
     for outcome in outcomes:
-        if outcome.kind != "mutant":
+        if outcome.kind != "mutant" or outcome.verdict == "skipped":  # not judged on this backend
             continue
         key = (outcome.component, outcome.spec, outcome.graph_backend)
         now = outcome.first_failure if outcome.verdict == "killed" else f"({outcome.verdict})"

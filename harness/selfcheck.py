@@ -12,6 +12,9 @@ A mutant counts as killed only by a test that its reference passes in the same c
 (backend, device, hypothesis profile): where a component's reference fails its suite, the failing
 test proves nothing about the mutants, so they are "not judged", the matrix says so first, and the
 summary never reads "N/N killed".
+
+A mutant that declares the graph backends it is judged on (``MUTANTS.add(..., backends={"cuda"})``)
+is not run on another backend: its outcome is ``skipped`` and says on which backends it is judged.
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ class Outcome:
     component: str
     spec: str
     kind: str
-    verdict: str  # passed / killed / survived / failed / error / not judged
+    verdict: str  # passed / killed / survived / failed / error / not judged / skipped (not run on this backend)
     first_failure: str
     seconds: float  # the whole process
     command: str
@@ -64,7 +67,7 @@ class Outcome:
 
     @property
     def ok(self) -> bool:
-        return self.verdict == ("passed" if self.kind == "reference" else "killed")
+        return self.verdict in (("passed",) if self.kind == "reference" else ("killed", "skipped"))
 
 
 def default_jobs(device: str) -> int:
@@ -184,11 +187,15 @@ def run_selfcheck(*, components: list[str], graph_backend: str, device: str, job
     jobs = jobs or default_jobs(device)
     backend = _effective_backend(graph_backend, device)
     hints = read_hints(root)
-    references, mutants = [], []
+    references, mutants, skipped = [], [], []
     for component in components:
         registered = impls.implementations(component)
         references.append(registered["reference"])
-        mutants.extend(impl for impl in registered.values() if impl.kind == "mutant")
+        mutants.extend(impl for impl in registered.values() if impl.kind == "mutant" and impl.judged_on(backend))
+        skipped += [Outcome(impl.component, impl.name, impl.kind, "skipped",
+                            f"not judged on {backend}: judged on {', '.join(sorted(impl.backends))} only", 0.0, "",
+                            impl.bug, None, backend)
+                    for impl in registered.values() if impl.kind == "mutant" and not impl.judged_on(backend)]
     cores = os.cpu_count() or 1
 
     def submit(pool: concurrent.futures.Executor, impl: impls.Implementation, threads: int) -> Any:
@@ -199,7 +206,7 @@ def run_selfcheck(*, components: list[str], graph_backend: str, device: str, job
         # References run whole suites: start them first, in the same slots, so they do not finish last.
         with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
             futures = [submit(pool, impl, max(1, cores // max(1, jobs))) for impl in references + mutants]
-            return judge([future.result() for future in futures])
+            return judge([future.result() for future in futures]) + skipped
     # Where references are spread over xdist workers they run beside the mutants' slots, not in them:
     # a reference holding a slot for its whole suite left the mutants one slot of four on the H200.
     processes = jobs + len(references) * reference_workers()
@@ -208,7 +215,7 @@ def run_selfcheck(*, components: list[str], graph_backend: str, device: str, job
             concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as mutant_pool:
         futures = [submit(reference_pool, impl, threads) for impl in references]
         futures += [submit(mutant_pool, impl, threads) for impl in mutants]
-        return judge([future.result() for future in futures])
+        return judge([future.result() for future in futures]) + skipped
 
 
 def format_matrix(outcomes: list[Outcome]) -> str:
@@ -231,13 +238,16 @@ def format_matrix(outcomes: list[Outcome]) -> str:
     if preamble:
         lines[:0] = preamble + [""]
     killed = sum(o.verdict == "killed" for o in outcomes)
-    mutants = sum(o.kind == "mutant" for o in outcomes)
+    mutants = sum(o.kind == "mutant" and o.verdict != "skipped" for o in outcomes)
+    skipped = sum(o.verdict == "skipped" for o in outcomes)
     unjudged = sum(o.verdict == "not judged" for o in outcomes)
     kill_times = sorted(o.seconds_to_first_failure for o in outcomes
                         if o.verdict == "killed" and o.seconds_to_first_failure is not None)
     median = f"; median seconds to kill {kill_times[len(kill_times) // 2]:.1f}" if kill_times else ""
     counted = f"{killed}/{mutants} mutants killed" if not unjudged else (
         f"{killed} of {mutants} mutants killed, {unjudged} NOT JUDGED (their reference failed)")
+    if skipped:
+        counted += f" ({skipped} not judged on this graph backend: skipped)"
     lines.append(f"\n{counted}{median}; references "
                  + ", ".join(f"{o.component}={o.verdict} ({o.seconds:.0f} s)" for o in outcomes
                              if o.kind == "reference"))

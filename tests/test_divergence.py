@@ -37,3 +37,30 @@ def test_divergence_table_marks_the_first_divergent_layer():
     assert lines[1].split()[:3] == ["llama", "0", "0.000e+00"] and "ok" in lines[1]
     assert lines[2].split()[:3] == ["llama", "1", "2.000e-02"] and "FIRST DIVERGENT" in lines[2]
     assert "dbrx" in lines[3] and "unavailable: no DbrxConfig" in lines[3]
+
+
+@pytest.mark.parametrize("recorded", ["none", "one_layer_empty"])
+def test_localise_that_compares_nothing_is_an_error(recorded):
+    """A runner whose bucket recorded no (or empty) per-layer outputs must not read as "no divergence"."""
+    import torch
+
+    from harness.errors import MismatchError
+    from harness.models import build_model
+
+    model = build_model("dense", seed=1)
+    batch = ForwardBatch.from_lengths([2, 3], vocab_size=100, seed=2)
+
+    class NothingRecorded:
+        layer_model = model.model
+
+        def replay(self, batch):
+            return None
+
+        def bucket_for(self, num_tokens):
+            return 8
+
+        def layer_outputs(self, batch):
+            return [] if recorded == "none" else [torch.zeros(8, model.config.hidden_size), torch.empty(0)]
+
+    with pytest.raises(MismatchError, match="nothing to localise in bucket 8"):
+        localise(NothingRecorded(), model, batch)

@@ -83,3 +83,41 @@ def test_a_passing_matrix_reads_n_of_n():
     outcomes = selfcheck.judge([_run("gather", "reference", "reference", "passed", ""),
                                 _run("gather", "mutant:z", "mutant", "killed", "suites/gather/t.py::c")])
     assert "1/1 mutants killed" in selfcheck.format_matrix(outcomes)
+
+
+def test_a_mutant_judged_on_cuda_only_is_skipped_elsewhere_and_says_so(tmp_path: Path, monkeypatch):
+    """Mutants declaring ``backends={"cuda"}`` are not run by the emulated selfcheck: their outcome is
+    ``skipped``, names the backends that judge them, counts as OK, and moves no kill-matrix entry."""
+    from harness import impls, kill_matrix
+
+    ran: list[str] = []
+
+    def fake_run_one(impl, **_: object) -> selfcheck.Outcome:
+        ran.append(impl.name)
+        verdict = "passed" if impl.kind == "reference" else "killed"
+        return selfcheck.Outcome(impl.component, impl.name, impl.kind, verdict, "suites/graphs/t.py::x", 1.0, "",
+                                 impl.bug, 0.5, "emulated")
+
+    monkeypatch.setattr(selfcheck, "run_one", fake_run_one)
+    outcomes = selfcheck.run_selfcheck(components=["graphs"], graph_backend="emulated", device="cpu", jobs=1,
+                                       root=tmp_path)
+    cuda_only = {impl.name for impl in impls.mutants("graphs") if impl.backends == {"cuda"}}
+    assert {"mutant:warm-up-skipped", "mutant:default-pool-shared"} <= cuda_only
+    assert not cuda_only & set(ran), "a mutant judged on cuda only ran on the emulated backend"
+    skipped = {o.spec: o for o in outcomes if o.verdict == "skipped"}
+    assert set(skipped) == cuda_only
+    assert all(o.ok and "judged on cuda only" in o.first_failure for o in skipped.values())
+    assert "not judged on this graph backend" in selfcheck.format_matrix(outcomes)
+    assert not [line for line in kill_matrix.changes(tmp_path, list(skipped.values()))]
+
+
+def test_mutant_backends_must_be_known_graph_backends():
+    import pytest
+
+    from harness.mutants import MutantSet
+
+    mutants = MutantSet("graphs")
+    with pytest.raises(ValueError, match="unknown graph backends"):
+        mutants.add("x", bug="a bug", backends={"gpu"})
+    with pytest.raises(ValueError, match="a set of names"):
+        mutants.add("y", bug="a bug", backends="cuda")

@@ -13,7 +13,9 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import enum
 import functools
+import types
 from typing import Any, Callable, Iterator, TypeVar
 
 import torch
@@ -127,9 +129,21 @@ def _holds_tensor(value: Any, seen: set[int] | None = None) -> bool:
     return any(_holds_tensor(item, seen) for item in items)
 
 
+# Python values a break typically computes per step (lengths, counts, flags, names): immutable, so a
+# new one can reach the holders of a break's output only through a mutable container around it.
+_PYTHON_VALUES = (int, float, complex, bool, str, bytes)
+# Leaves without members to update: compared, never merged.
+_OPAQUE = (type, torch.dtype, torch.device, enum.Enum, types.FunctionType, types.BuiltinFunctionType,
+           types.MethodType, types.ModuleType, functools.partial)
+
+
+def _is_frozen(value: Any) -> bool:
+    return dataclasses.is_dataclass(value) and not isinstance(value, type) and value.__dataclass_params__.frozen
+
+
 def _members(value: Any) -> list[tuple[str, Any]]:
     """The attributes of a plain object, a dataclass or a ``__slots__`` class (empty for anything else)."""
-    if isinstance(value, (type, torch.Tensor, str, bytes, int, float, complex, bool)) or value is None:
+    if isinstance(value, (torch.Tensor, *_PYTHON_VALUES, *_OPAQUE)) or value is None:
         return []
     names: list[str] = list(getattr(value, "__dict__", {}))
     for cls in type(value).__mro__:
@@ -139,10 +153,31 @@ def _members(value: Any) -> list[tuple[str, Any]]:
             if name not in ("__dict__", "__weakref__") and hasattr(value, name)]
 
 
+def _is_object(value: Any) -> bool:
+    """An object :func:`write_back` updates attribute by attribute (a plain object, a non-frozen dataclass)."""
+    if isinstance(value, (torch.Tensor, list, tuple, dict, *_PYTHON_VALUES, *_OPAQUE)) or value is None:
+        return False
+    return hasattr(value, "__dict__") or any("__slots__" in cls.__dict__ for cls in type(value).__mro__[:-1])
+
+
+def values_not_updatable_in_place(output: Any, path: str = "output") -> list[str]:
+    """Where ``output`` holds a Python value (int, float, bool, str, ...) that no mutable container
+    encloses: at the top, or inside tuples and frozen dataclasses only. A new value there could never
+    reach those who hold the captured object, so :class:`CaptureSession` refuses such a break output."""
+    if isinstance(output, _PYTHON_VALUES):
+        return [f"{path} ({type(output).__name__} {output!r})"]
+    if isinstance(output, tuple):
+        return [where for i, item in enumerate(output) for where in values_not_updatable_in_place(item, f"{path}[{i}]")]
+    if _is_frozen(output):
+        return [where for name, item in _members(output)
+                for where in values_not_updatable_in_place(item, f"{path}.{name}")]
+    return []
+
+
 def _structure_changed(captured: Any, new: Any, what: str) -> ReplayError:
     return ReplayError(
-        f"a break returned {what} at replay than at capture ({_describe(new)} vs {_describe(captured)}); graph "
-        "segments after it read the tensors of the captured structure, so its structure must not change"
+        f"a break returned {what} at replay than at capture ({_describe(new)} vs {_describe(captured)}); later "
+        "segments, breaks and the caller hold the captured object, which cannot take that change in place"
     )
 
 
@@ -154,31 +189,57 @@ def _describe(value: Any) -> str:
     return type(value).__name__
 
 
+def _same_value(captured: Any, new: Any) -> bool:
+    if new is captured:
+        return True
+    try:
+        return type(new) is type(captured) and bool(new == captured)
+    except Exception:  # noqa: BLE001 - an object whose == does not give a truth value is not "the same"
+        return False
+
+
 def write_back(captured: Any, new: Any, *,
                copy_tensor: Callable[[torch.Tensor, Any], torch.Tensor] = copy_tensor) -> Any:
-    """Copy ``new`` into ``captured`` in place, recursively, and return the merged object.
+    """Write ``new`` into ``captured`` in place, recursively, and return ``captured``.
 
     Tensors are copied by ``copy_tensor`` (same shape, dtype and device required: :func:`copy_tensor`);
-    lists, dicts and objects with attributes (``__dict__`` or ``__slots__``) are updated member by
-    member; a non-tensor leaf takes the new value where its container allows (not in a tuple).
-    Where the captured value holds a tensor, a change of structure (another type, a list or tuple
-    of another length, a dict key or attribute gone) raises :class:`~harness.errors.ReplayError`:
-    later segments read the captured tensors, so replacing the structure would hand them stale data.
-    ``copy_tensor`` is the extension point for how a tensor leaf is copied.
+    lists, dicts and objects with attributes (``__dict__`` or ``__slots__``, not frozen) are updated
+    member by member whatever they hold (Python values only, nested containers, empty ones), so
+    whoever holds them (a later break, the caller) sees the new values. A container that holds no
+    tensor may change its length or keys; one that holds a tensor may not (later segments read its
+    tensors). Tuples and frozen dataclasses cannot change: their members are written back, and a
+    Python value in them may change only inside a list, dict or object that can take the new tuple.
+    Anything that cannot be written in place (another type, a tuple of another length, a changed
+    value in a tuple) raises :class:`~harness.errors.ReplayError`. ``copy_tensor`` is the extension
+    point for how a tensor leaf is copied.
     """
+    merged = _merge(captured, new, copy_tensor)
+    if merged is not captured:
+        raise _structure_changed(captured, new, "another value")
+    return captured
+
+
+def _merge(captured: Any, new: Any, copy_tensor: Callable[[torch.Tensor, Any], torch.Tensor]) -> Any:
+    """``captured`` updated in place where it can be, else the object its container must store instead."""
     if isinstance(captured, torch.Tensor):
         return copy_tensor(captured, new)
-    if not _holds_tensor(captured):
-        return new  # nothing a segment reads: the new value simply replaces it
-    recurse = functools.partial(write_back, copy_tensor=copy_tensor)
-    if isinstance(captured, (list, tuple)):
+    holds_tensor = _holds_tensor(captured)
+
+    def merge_member(old: Any, value: Any) -> Any:
+        return _merge(old, value, copy_tensor)
+
+    if isinstance(captured, list):
+        if type(new) is not type(captured) or (holds_tensor and len(new) != len(captured)):
+            raise _structure_changed(captured, new, "another sequence")
+        for i, item in enumerate(new[:len(captured)]):
+            captured[i] = merge_member(captured[i], item)
+        del captured[len(new):]
+        captured.extend(new[len(captured):])
+        return captured
+    if isinstance(captured, tuple):
         if type(new) is not type(captured) or len(new) != len(captured):
             raise _structure_changed(captured, new, "another sequence")
-        if isinstance(captured, list):
-            for i, item in enumerate(new):
-                captured[i] = recurse(captured[i], item)
-            return captured
-        merged = [recurse(c, n) for c, n in zip(captured, new)]
+        merged = [merge_member(c, n) for c, n in zip(captured, new)]
         if all(m is c for m, c in zip(merged, captured)):
             return captured
         return type(captured)(*merged) if hasattr(captured, "_fields") else type(captured)(merged)
@@ -191,16 +252,36 @@ def write_back(captured: Any, new: Any, *,
         for key in gone:
             del captured[key]
         for key, value in new.items():
-            captured[key] = recurse(captured[key], value) if key in captured else value
+            captured[key] = merge_member(captured[key], value) if key in captured else value
         return captured
-    if type(new) is not type(captured):
-        raise _structure_changed(captured, new, "another type")
-    old_members, new_members = dict(_members(captured)), dict(_members(new))
-    if any(_holds_tensor(value) for name, value in old_members.items() if name not in new_members):
-        raise _structure_changed(captured, new, "an object without an attribute holding a tensor")
-    for name, value in new_members.items():
-        setattr(captured, name, recurse(old_members[name], value) if name in old_members else value)
-    return captured
+    if _is_frozen(captured):
+        if type(new) is not type(captured):
+            raise _structure_changed(captured, new, "another type")
+        changes = {}
+        for name, old in _members(captured):
+            merged_member = merge_member(old, getattr(new, name))
+            if merged_member is not old:
+                changes[name] = merged_member
+        return dataclasses.replace(captured, **changes) if changes else captured
+    if _is_object(captured):
+        if type(new) is not type(captured):
+            raise _structure_changed(captured, new, "another type")
+        old_members, new_members = dict(_members(captured)), dict(_members(new))
+        gone = [name for name in old_members if name not in new_members]
+        if any(_holds_tensor(old_members[name]) for name in gone):
+            raise _structure_changed(captured, new, "an object without an attribute holding a tensor")
+        for name in gone:
+            delattr(captured, name)
+        for name, value in new_members.items():
+            merged_member = merge_member(old_members[name], value) if name in old_members else value
+            if merged_member is not old_members.get(name, _MISSING):
+                setattr(captured, name, merged_member)
+        return captured
+    # A leaf: None, a Python value, an opaque object. Kept where it is equal, else its container stores the new one.
+    return captured if _same_value(captured, new) else new
+
+
+_MISSING = object()
 
 
 @dataclasses.dataclass
@@ -211,6 +292,17 @@ class Break:
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     output: Any
+
+    def __post_init__(self) -> None:
+        # Refused at capture rather than at the replay where the value first changes: whether it
+        # changes depends on the data, whether it can be written back does not.
+        frozen = values_not_updatable_in_place(self.output)
+        if frozen:
+            raise CaptureError(
+                f"break {self.name} returned {', '.join(frozen)}: a Python value outside any list, dict or object "
+                "cannot be updated in place at replay, so later breaks and the caller, which hold the captured "
+                "output, would read its capture-time value. Return it inside a list, dict or object, or as a tensor."
+            )
 
     @property
     def name(self) -> str:

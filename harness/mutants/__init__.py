@@ -11,25 +11,34 @@ One way to write a mutant, in every component's mutant module::
 A mutant is built only from the public, documented seams of the reference it breaks (the
 reference's docstrings say which methods and attributes are safe to override), so that a
 refactoring of the reference's insides cannot silently turn a mutant into the reference.
+
+A mutant whose bug only one graph backend can show (warm-up and memory pools exist on CUDA alone)
+declares the backends it is judged on: ``@MUTANTS.add(name, bug=..., backends={"cuda"})``; the
+selfcheck skips it elsewhere and says so.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Callable, Iterable, Iterator, TypeVar
 
-__all__ = ["Mutant", "MutantSet"]
+__all__ = ["Mutant", "MutantSet", "GRAPH_BACKENDS"]
+
+#: The graph backends a kill matrix runs on (``auto`` resolves to one of them).
+GRAPH_BACKENDS = ("cuda", "emulated")
 
 T = TypeVar("T")
 
 
 @dataclasses.dataclass(frozen=True)
 class Mutant:
-    """A known-bad implementation: its name, the bug in one line, and the object."""
+    """A known-bad implementation: its name, the bug in one line, the object, and the graph backends
+    whose kill matrix judges it (empty: every backend)."""
 
     name: str
     bug: str
     obj: Any
+    backends: frozenset[str] = frozenset()
 
     @property
     def spec_name(self) -> str:
@@ -44,15 +53,22 @@ class MutantSet:
         self.component = component
         self._mutants: dict[str, Mutant] = {}
 
-    def add(self, name: str, *, bug: str) -> Callable[[T], T]:
-        """Decorator registering a class or function as mutant ``name``, reproducing ``bug``."""
+    def add(self, name: str, *, bug: str, backends: Iterable[str] = ()) -> Callable[[T], T]:
+        """Decorator registering a class or function as mutant ``name``, reproducing ``bug``, judged on
+        the graph ``backends`` named (every backend where none is)."""
         if not bug.strip():
             raise ValueError(f"mutant {name!r} of {self.component}: say in one line which bug it reproduces")
+        if isinstance(backends, str):
+            raise ValueError(f"mutant {name!r} of {self.component}: backends is a set of names, like {{'cuda'}}")
+        unknown = sorted(set(backends) - set(GRAPH_BACKENDS))
+        if unknown:
+            raise ValueError(f"mutant {name!r} of {self.component}: unknown graph backends {unknown}; "
+                             f"choose from {list(GRAPH_BACKENDS)}")
 
         def register(obj: T) -> T:
             if name in self._mutants:
                 raise ValueError(f"mutant {name!r} of {self.component} is declared twice")
-            self._mutants[name] = Mutant(name, bug, obj)
+            self._mutants[name] = Mutant(name, bug, obj, frozenset(backends))
             return obj
 
         return register

@@ -120,3 +120,23 @@ def int32_bonus_tokens(indices, topk_p_buf, topk_index_buf, output_tokens_buf, h
     topk_p, topk_index, bonus, hidden = compiled_gather(
         indices, topk_p_buf, topk_index_buf, output_tokens_buf, hidden_states_buf)
     return topk_p, topk_index, bonus.to(torch.int32), hidden
+
+
+_OUTPUT_BUFFERS: dict[tuple, torch.Tensor] = {}
+
+
+@MUTANTS.add("reuses-output-buffers", bug="writes each call's results into output buffers kept from the previous call "
+             "of the same shapes: every call returns the right values, and overwrites what the previous one returned")
+def reuses_output_buffers(indices, *buffers) -> GatherOutputs:
+    # A preallocated-output kernel (out=), its outputs cached per shape to spare the allocator.
+    def take(position: int, buf: torch.Tensor | None) -> torch.Tensor | None:
+        if buf is None:
+            return None
+        gathered = buf[indices]
+        key = (position, tuple(gathered.shape), gathered.dtype, gathered.device)
+        out = _OUTPUT_BUFFERS.get(key)
+        if out is None:
+            out = _OUTPUT_BUFFERS[key] = torch.empty_like(gathered)
+        return out.copy_(gathered)
+
+    return tuple(take(position, buf) for position, buf in enumerate(buffers))  # type: ignore[return-value]

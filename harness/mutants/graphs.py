@@ -15,7 +15,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from harness.errors import CaptureError, ReplayError
-from harness.graphs import Break, BreakableGraph, CaptureSession, GraphCapturer, check_capturable, write_back
+from harness.graphs import (Break, BreakableGraph, CaptureSession, GraphCapturer, check_capturable, copy_tensor,
+                            write_back)
 from harness.mutants import MutantSet
 
 __all__ = ["MUTANTS"]  # the mutants are reached through the registry, never imported by name
@@ -373,3 +374,146 @@ class _SkipsNoneBreaksGraph(BreakableGraph):
          "skipped at replay as having nothing to write back, so later segments read the buffer it wrote at capture")
 class NoneBreakSkipped(GraphCapturer):
     graph_class = _SkipsNoneBreaksGraph
+
+
+# --- break outputs and arguments that hold Python values ----------------------------------------------
+
+
+def _holds_a_tensor(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return True
+    if isinstance(value, (list, tuple)):
+        return any(_holds_a_tensor(item) for item in value)
+    if isinstance(value, dict):
+        return any(_holds_a_tensor(item) for item in value.values())
+    if dataclasses.is_dataclass(value):
+        return any(_holds_a_tensor(getattr(value, field.name)) for field in dataclasses.fields(value))
+    return any(_holds_a_tensor(item) for item in getattr(value, "__dict__", {}).values())
+
+
+class _ReplacesTensorlessGraph(BreakableGraph):
+    def replay_break(self, step: Break) -> None:
+        new = step.fn(*step.args, **step.kwargs)
+        # "Nothing a segment reads": the new object replaces the captured one, which later breaks still hold.
+        step.output = write_back(step.output, new) if _holds_a_tensor(step.output) else new
+
+
+@MUTANTS.add("tensorless-output-replaced", bug="a break output that holds no tensor (a list of lengths, a plan dict "
+         "of ints) is replaced at replay instead of updated in place, so a later break that received it at capture "
+         "reads its capture-time values")
+class TensorlessOutputReplaced(GraphCapturer):
+    graph_class = _ReplacesTensorlessGraph
+
+
+class _FrozenDictValuesSession(_ArgumentsRewritingSession):
+    def keep_arguments(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        def keep(value: Any) -> Any:  # a dict argument is rebuilt from its leaves: same tensors, frozen numbers
+            return dict(value) if isinstance(value, dict) else value
+
+        return tuple(keep(a) for a in args), {name: keep(value) for name, value in kwargs.items()}
+
+
+@MUTANTS.add("dict-values-frozen", bug="a dict argument of a break is rebuilt at capture from its leaves: its tensors "
+         "stay live but its Python values (a gain, a step) keep their capture-time values")
+class DictValuesFrozen(GraphCapturer):
+    session_class = _FrozenDictValuesSession
+
+
+# --- views and windows a break returns ------------------------------------------------------------------
+
+
+def _copy_raw_memory(captured: torch.Tensor, new: Any) -> torch.Tensor:
+    copy_tensor(captured, new.clone() if isinstance(new, torch.Tensor) else new)  # the shape, dtype, device checks
+    # A memcpy of numel elements from the captured view's first address, in the new tensor's row-major order.
+    raw = torch.empty(0, dtype=captured.dtype, device=captured.device).set_(
+        captured.untyped_storage(), captured.storage_offset(), (captured.numel(),), (1,))
+    raw.copy_(new.reshape(-1))
+    return captured
+
+
+class _RawMemoryGraph(BreakableGraph):
+    def replay_break(self, step: Break) -> None:
+        step.output = write_back(step.output, step.fn(*step.args, **step.kwargs), copy_tensor=_copy_raw_memory)
+
+
+@MUTANTS.add("writeback-copies-raw-memory", bug="write-back copies a break's new tensor as raw memory from the captured "
+         "view's first address instead of element by element through its strides: right for dense tensors, "
+         "scrambles column slices of a fused buffer and transposed views")
+class WritebackCopiesRawMemory(GraphCapturer):
+    graph_class = _RawMemoryGraph
+
+
+def _copy_unless_same_buffer(captured: torch.Tensor, new: Any) -> torch.Tensor:
+    if isinstance(new, torch.Tensor) and new.untyped_storage().data_ptr() == captured.untyped_storage().data_ptr():
+        return captured  # "the break wrote into the captured buffer itself"
+    return copy_tensor(captured, new)
+
+
+class _SameBufferGraph(BreakableGraph):
+    def replay_break(self, step: Break) -> None:
+        step.output = write_back(step.output, step.fn(*step.args, **step.kwargs), copy_tensor=_copy_unless_same_buffer)
+
+
+@MUTANTS.add("window-position-frozen", bug="write-back skips a new output that lives in the captured output's buffer "
+         "(taken as written in place), so a break returning a moving window of a ring buffer is read at its "
+         "capture-time position")
+class WindowPositionFrozen(GraphCapturer):
+    graph_class = _SameBufferGraph
+
+
+# --- random numbers drawn in a break ---------------------------------------------------------------------
+
+
+class _ReseededBreakGraph(BreakableGraph):
+    def replay_break(self, step: Break) -> None:
+        # "Deterministic replays": each break runs under the generator state of its first replay.
+        states = self.__dict__.setdefault("_break_rng_states", {})
+        devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+        saved = states.setdefault(id(step), (torch.get_rng_state(),
+                                             [torch.cuda.get_rng_state(d) for d in devices]))
+        with torch.random.fork_rng(devices=devices):
+            torch.set_rng_state(saved[0])
+            for d, state in zip(devices, saved[1]):
+                torch.cuda.set_rng_state(state, d)
+            super().replay_break(step)
+
+
+@MUTANTS.add("break-rng-frozen", bug="breaks replay under the generator state saved at their first replay, so a "
+         "sampler or dropout in an eager region draws the same numbers every replay, out of eager's stream")
+class BreakRngFrozen(GraphCapturer):
+    graph_class = _ReseededBreakGraph
+
+
+# --- process state a capture changes -----------------------------------------------------------------------
+
+
+@MUTANTS.add("stance-leaked-on-failure", bug="the capturer forces eager compile stance for the capture and restores it "
+         "only when the capture succeeds: after a failed capture compiled functions silently run eagerly")
+class StanceLeakedOnFailure(GraphCapturer):
+    def capture(self, fn: Callable[[], Any], *, pool: Any = None, warmup_runs: int = 1) -> BreakableGraph:
+        torch.compiler.set_stance("force_eager")
+        graph = super().capture(fn, pool=pool, warmup_runs=warmup_runs)
+        torch.compiler.set_stance("default")
+        return graph
+
+
+# --- CUDA only: warm-up and memory pools (the emulated backend models neither) -----------------------------
+
+
+@MUTANTS.add("warm-up-skipped", backends={"cuda"}, bug="the capturer skips the warm-up (the capture runs the "
+         "function anyway), so state created lazily on the first call is created inside the graph")
+class WarmUpSkipped(GraphCapturer):
+    def capture(self, fn: Callable[[], Any], *, pool: Any = None, warmup_runs: int = 1) -> BreakableGraph:
+        return super().capture(fn, pool=pool, warmup_runs=0)
+
+
+_PROCESS_POOLS: dict[int, Any] = {}
+
+
+@MUTANTS.add("default-pool-shared", backends={"cuda"}, bug="a capture given no pool uses one pool shared by every "
+         "such capture, so an unrelated graph's replay overwrites memory another graph's output lives in")
+class DefaultPoolShared(GraphCapturer):
+    def capture(self, fn: Callable[[], Any], *, pool: Any = None, warmup_runs: int = 1) -> BreakableGraph:
+        if pool is None:
+            pool = _PROCESS_POOLS.setdefault(id(type(self.backend)), self.new_pool())
+        return super().capture(fn, pool=pool, warmup_runs=warmup_runs)

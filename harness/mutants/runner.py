@@ -17,7 +17,7 @@ from torch import nn
 
 from harness.errors import BucketError
 from harness.batch import ForwardBatch, HiddenMode, forward_context
-from harness.runner.discovery import DiscoveryResult
+from harness.runner.discovery import DiscoveryResult, layer_list
 from harness.mutants import MutantSet
 from harness.runner.runner import LayerStackRunner, StaticInputs
 
@@ -330,3 +330,59 @@ class PerturbsMiddleLayerAtReplay(LayerStackRunner):
         finally:
             if handle is not None:
                 handle.remove()
+
+
+# --- hooks on the layer stack and per-layer recording ------------------------------------------------
+
+
+@MUTANTS.add("hooks-run-twice", bug="the replay closure calls the layer module's forward pre-hooks and hooks itself "
+                    "(thinking a replaced forward skips them): nn.Module.__call__ runs them too, so they run twice")
+class HooksRunTwice(LayerStackRunner):
+    @contextlib.contextmanager
+    def patched_forward(self, replacement: Callable[..., Any]) -> Iterator[None]:
+        layer = self.layer_model
+
+        def with_hooks(*args: Any, **kwargs: Any) -> Any:
+            for hook in list(layer._forward_pre_hooks.values()):
+                changed = hook(layer, args)
+                args = args if changed is None else (changed if isinstance(changed, tuple) else (changed,))
+            output = replacement(*args, **kwargs)
+            for hook in list(layer._forward_hooks.values()):
+                changed = hook(layer, args, output)
+                output = output if changed is None else changed
+            return output
+
+        with super().patched_forward(with_hooks):
+            yield
+
+
+@MUTANTS.add("layer-hooks-kept-out-of-graph", bug="hooks on the decoder layers are taken off while capturing (to keep "
+                    "profiler hooks out of the graph), so their work never happens at replay")
+class LayerHooksKeptOutOfGraph(LayerStackRunner):
+    @contextlib.contextmanager
+    def record_layers(self, static: StaticInputs) -> Iterator[None]:
+        found = layer_list(self.layer_model)
+        layers = list(found[1]) if found else []
+        saved = [(dict(layer._forward_pre_hooks), dict(layer._forward_hooks)) for layer in layers]
+        for layer in layers:
+            layer._forward_pre_hooks.clear()
+            layer._forward_hooks.clear()
+        try:
+            with super().record_layers(static):
+                yield
+        finally:
+            for layer, (pre, post) in zip(layers, saved):
+                layer._forward_pre_hooks.update(pre)
+                layer._forward_hooks.update(post)
+
+
+@MUTANTS.add("layers-recorded-in-largest-bucket-only", bug="records per-layer outputs while capturing the first "
+                    "(largest) bucket only: other buckets localise nothing, which must not read as no divergence")
+class LayersRecordedInLargestBucketOnly(LayerStackRunner):
+    @contextlib.contextmanager
+    def record_layers(self, static: StaticInputs) -> Iterator[None]:
+        if static.bucket != max(self.buckets):
+            yield
+            return
+        with super().record_layers(static):
+            yield

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from harness.compare import tolerance_for
+from harness.errors import MismatchError
 from harness.batch import ForwardBatch
 from harness.runner.discovery import layer_list
 
@@ -77,11 +78,24 @@ def eager_layer_outputs(model: nn.Module, layer_model: nn.Module, batch: Forward
 
 
 def localise(runner: Any, model: nn.Module, batch: ForwardBatch) -> LayerDivergence:
-    """Replay ``batch`` and compare every layer's output with eager on the batch padded to its bucket."""
+    """Replay ``batch`` and compare every layer's output with eager on the batch padded to its bucket.
+
+    Raises :class:`~harness.errors.MismatchError` when there is nothing to compare layer by layer: the
+    runner recorded no output (or an empty one) for a decoder layer of this bucket, another number of
+    layers than the stack has, or shapes other than eager's. A localisation that compares nothing
+    must not read as "no layer diverges"."""
     runner.replay(batch)
     replayed = runner.layer_outputs(batch)
     bucket = runner.bucket_for(batch.num_tokens)
     eager = eager_layer_outputs(model, runner.layer_model, batch.padded_to(bucket))
+    unusable = [index for index, (actual, expected) in enumerate(zip(replayed, eager))
+                if actual.numel() == 0 or actual.shape != expected.shape]
+    if not eager or len(replayed) != len(eager) or unusable:
+        raise MismatchError(
+            f"nothing to localise in bucket {bucket}: the stack has {len(eager)} decoder layers, the runner recorded "
+            f"{len(replayed)} outputs" + (f", of which layers {unusable} are empty or not eager's shape "
+                                          f"{tuple(eager[unusable[0]].shape)}" if unusable else "")
+            + "; a runner that records per-layer outputs must record one per decoder layer in every bucket")
     diffs: list[float] = []
     first = None
     atol = tolerance_for(replayed[0].dtype).atol if replayed else 0.0

@@ -97,3 +97,21 @@ def test_negative_indices_in_range_wrap(check_gather, index_dtype):
     and must wrap as Python indexing does; the edges of the range are probed in child processes."""
     values = (-17, -1, 0, 16, -5, 3, -17, 8, -2)
     check_gather(GatherCase(pool=17, count=len(values), seed=11, index_dtype=index_dtype, index_values=values))
+
+
+@pytest.mark.parametrize("next_count", [6, 3], ids=["same-count", "other-count"])
+def test_results_outlive_the_next_call(gather_function, device, failure_context, next_count):
+    """A caller keeps one step's extras while the next step gathers (the relay hands them to the
+    scheduler): a later call must not change what an earlier one returned."""
+    case = GatherCase(pool=64, count=6, seed=12)
+    inputs = case.build(device)
+    kept = gather_function(*inputs.args)
+    kept_copy = [None if out is None else out.clone() for out in kept]
+    generator = torch.Generator().manual_seed(case.seed)
+    for step in range(2):
+        indices = torch.randperm(case.pool, generator=generator)[:next_count].to(inputs.indices)
+        later = gather_function(indices, *inputs.args[1:])
+        assert_equivalent(later, eager_gather(indices, *inputs.args[1:]), exact=True,
+                          context=failure_context(**case.describe(), step=step, later_indices=indices.tolist()))
+        assert_equivalent(list(kept), kept_copy, exact=True, context=failure_context(
+            **case.describe(), step=step, problem="a result of the first call changed after a later call"))

@@ -7,6 +7,8 @@ was never stashed.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from hypothesis import given
@@ -81,3 +83,21 @@ def test_resolving_a_slot_twice_is_caught(gather_function, device):
     assert first.bonus_tokens.tolist() == [11], f"the stashed bonus token was {first.bonus_tokens.tolist()}, not [11]"
     with pytest.raises(GatherContractError, match="already consumed"):
         relay.resolve(torch.tensor([3], device=device))
+
+
+def test_resolved_extras_outlive_the_next_resolve(gather_function, device):
+    """The scheduler holds one step's resolved extras while the next step stashes and resolves."""
+    relay = SpecExtrasRelay(16, topk=3, hidden_size=5, device=device, gather=gather_function)
+    generator = torch.Generator().manual_seed(21)
+    _stash_random([relay], torch.tensor([1, 4, 9, 12]), generator)
+    first = relay.resolve(torch.tensor([9, 1], device=device))
+    kept = [first.topk_p.clone(), first.topk_index.clone(), first.bonus_tokens.clone(), first.hidden_states.clone()]
+    _stash_random([relay], torch.tensor([1, 9]), generator)  # the same slots, new extras
+    indices = torch.tensor([1, 4], device=device)
+    expected = eager_gather(indices, relay.topk_p_buf, relay.topk_index_buf, relay.output_tokens_buf,
+                            relay.hidden_states_buf)
+    second = relay.resolve(indices)
+    assert_equivalent(list(dataclasses.astuple(second)), list(expected), exact=True,
+                      context={"problem": "the second resolve"})
+    assert_equivalent([first.topk_p, first.topk_index, first.bonus_tokens, first.hidden_states], kept, exact=True,
+                      context={"problem": "extras resolved at one step changed after the next stash and resolve"})

@@ -5,8 +5,14 @@ conventions engines use (positional and keyword tensors; tensors in lists, tuple
 metadata dataclass and a metadata dict whose tensors *and* Python values the caller refills in place
 between replays) and from the return structures they use (a tensor; ``(out, (k, v))``; a dict with a
 list and a Python value; dataclasses with and without ``__slots__``; ``None`` after writing a
-KV-cache-like buffer that the next segment reads; the argument itself, updated in place). The
-function returns its hidden state, a dict holding it and the buffers, or a break's output object.
+KV-cache-like buffer that the next segment reads; the argument itself, updated in place; and outputs
+that hold no tensor at all: a list of Python values, nested containers of them, a list that is empty
+at some refills and not at others, which a later break receives and reads). The function returns its
+hidden state, a dict holding it and the buffers, or a break's output object.
+
+Every refill changes every value a break can read: the tensors, the metadata's Python values (a
+capturer that freezes a container argument's Python values must fail), and the lengths of the
+tensorless outputs.
 
 The oracle is the same program run eagerly on a *twin world*: its own inputs, metadata and buffers,
 built from the same seed and refilled identically. After every replay the suite compares the value
@@ -33,7 +39,10 @@ from harness.graphs import eager_on_graph, is_capturing
 SEGMENT_OPS = ("add_input", "scale_by_metadata", "add_metadata_dict_bias", "tanh", "matmul", "inplace_mul",
                "gather_rows_by_slots")
 CONVENTIONS = ("positional", "keyword", "list", "tuple", "dict", "metadata_object", "metadata_dict")
-RETURNS = ("tensor", "nested", "dict", "object", "slotted", "none", "inplace")
+# python_values, python_nested and python_growing hold no tensor: only a later break can read them.
+RETURNS = ("tensor", "nested", "dict", "object", "slotted", "none", "inplace", "python_values", "python_nested",
+           "python_growing")
+TENSORLESS_RETURNS = ("python_values", "python_nested", "python_growing")
 OUTPUTS = ("hidden", "with_buffers", "break_output")
 # raise: the break raises before doing anything; raise_mid_refill: a side-effect break has refilled
 # half of the buffer the next segment reads, then raises; wrong_shape: the break returns a result
@@ -125,10 +134,17 @@ def refill(world: World, seed: int) -> None:
         tensor.copy_(_seeded((rows, width), seed + i, device))
     world.metadata.scale.copy_(_seeded((width,), seed + 10, device))
     world.metadata.slots.copy_(torch.randperm(rows, generator=torch.Generator().manual_seed(seed + 11)))
-    world.metadata.shift = (seed % 7) / 4 - 0.75  # Python values: live for breaks, frozen in segments
-    world.metadata.step = seed % 1000
+    # Python values: live for breaks, frozen in segments. Refill seeds step by 1000, and each value
+    # differs between any two refills less than 9973 apart (check_program asserts it).
+    world.metadata.shift = (seed % 9973) / 4096 - 1.0
+    world.metadata.step = seed
     world.metadata_dict["bias"].copy_(_seeded((width,), seed + 12, device))
-    world.metadata_dict["gain"] = (seed % 5) / 2 - 1.0
+    world.metadata_dict["gain"] = 1.5 - (seed % 9973) / 8192
+
+
+def python_values(world: World) -> tuple[Any, ...]:
+    """Every Python value a break reads: a refill must change each of them."""
+    return world.metadata.shift, world.metadata.step, world.metadata_dict["gain"]
 
 
 def _make_break(index: int, convention: str, returns: str, world: World) -> Callable[..., Any]:
@@ -136,13 +152,22 @@ def _make_break(index: int, convention: str, returns: str, world: World) -> Call
 
     def finish(h: torch.Tensor, value: torch.Tensor) -> Any:
         fault = world.armed_fault.pop(index, None)
-        if fault is not None and (fault == "raise" or (fault == "raise_mid_refill") != (returns == "none")):
-            # a break without a buffer to refill fails plainly; a refilling break has no result to misshape
+        if fault is not None and (fault == "raise" or (fault == "raise_mid_refill") != (returns == "none")
+                                  or returns in TENSORLESS_RETURNS):
+            # a break without a buffer to refill fails plainly; a refilling break, or one without a
+            # tensor, has no result to misshape
             raise InjectedFault(f"break {index} fails at this replay")
         if fault == "wrong_shape":  # (width,) where (rows, width) was captured: copy_ would broadcast it
             value, h = value[0], h[0]
         if returns == "tensor":
             return value
+        step = world.metadata.step
+        if returns == "python_values":  # per-request lengths, as engines pass them between eager regions
+            return [step % 5 + 1, world.metadata.shift]
+        if returns == "python_nested":  # a scheduling plan: a dict of lists and dicts of Python values
+            return {"lengths": [step % 3, step % 7], "plan": {"step": step, "stop": step % 2 == 0}, "tags": []}
+        if returns == "python_growing":  # empty at the capture of a seed below 1000, a new length at each refill
+            return [step % 11] * ((step // 1000) % 3)
         if returns == "nested":
             return value, (value * 2, value - 1)
         if returns == "dict":
@@ -200,8 +225,26 @@ def _call_break(brk: Callable[..., Any], convention: str, h: torch.Tensor, x: to
     return brk(h, world.metadata_dict)
 
 
+def _python_leaves(value: Any) -> list[float]:
+    if isinstance(value, dict):
+        return [leaf for item in value.values() for leaf in _python_leaves(item)]
+    if isinstance(value, (list, tuple)):
+        return [leaf for item in value for leaf in _python_leaves(item)]
+    return [float(value)]
+
+
+@eager_on_graph
+def read_python_outputs(h: torch.Tensor, outputs: list[Any]) -> torch.Tensor:
+    """A later break reading the tensorless outputs of earlier breaks: the objects they returned at capture."""
+    leaves = [leaf for output in outputs for leaf in _python_leaves(output)]
+    return h * 0.5 + (sum(leaf * (i + 1) for i, leaf in enumerate(leaves)) % 97) / 16 + len(leaves)
+
+
 def _consume(returns: str, result: Any, h: torch.Tensor, world: World) -> torch.Tensor:
-    """Captured ops after a break, reading every tensor it returned (or the buffer it wrote)."""
+    """Captured ops after a break, reading every tensor it returned (or the buffer it wrote); a
+    tensorless output is read by a later break (:func:`read_python_outputs`), not by the graph."""
+    if returns in TENSORLESS_RETURNS:
+        return h
     if returns in ("tensor", "inplace"):
         return result
     if returns == "nested":
@@ -230,6 +273,15 @@ def _apply_op(op: str, h: torch.Tensor, x: torch.Tensor, world: World) -> torch.
     return h[world.metadata.slots]  # gather_rows_by_slots
 
 
+def _reader_count(program: Program) -> int:
+    """How many :func:`read_python_outputs` breaks :func:`build` inserts (one before each break that
+    follows unread tensorless outputs, one at the end)."""
+    count, unread = 0, False
+    for step in program.breaks:
+        count, unread = count + unread, step[2] in TENSORLESS_RETURNS
+    return count + unread
+
+
 def build(program: Program, world: World) -> Callable[[], Any]:
     """The program as a zero-argument function over ``world`` (its breaks made once, for this world)."""
     breaks = [_make_break(i, step[1], step[2], world) for i, step in enumerate(program.breaks)]
@@ -237,14 +289,22 @@ def build(program: Program, world: World) -> Callable[[], Any]:
     def fn() -> Any:
         h = world.inputs[0] * 1.0  # a fresh intermediate: in-place steps never touch a static input
         result: Any = None
+        unread: list[Any] = []  # tensorless break outputs not read yet: the next break after them reads them
         next_break = iter(breaks)
         for position, step in enumerate(program.steps):
             x = world.inputs[position % len(world.inputs)]
             if step[0] == "op":
                 h = _apply_op(step[1], h, x, world)
-            else:
-                result = _call_break(next(next_break), step[1], h, x, world)
-                h = _consume(step[2], result, h, world)
+                continue
+            if unread:
+                h = read_python_outputs(h, unread)
+                unread = []
+            result = _call_break(next(next_break), step[1], h, x, world)
+            if step[2] in TENSORLESS_RETURNS:
+                unread.append(result)
+            h = _consume(step[2], result, h, world)
+        if unread:
+            h = read_python_outputs(h, unread)
         if program.output == "hidden":
             return h
         if program.output == "with_buffers":
@@ -276,17 +336,20 @@ def check_program(capturer, program: Program, *, seed: int, device: torch.device
     captured_world, twin = make_world(program, seed, device), make_world(program, seed, device)
     graph = capturer.capture(build(program, captured_world))
     eager = build(program, twin)
-    assert graph.break_count == len(program.breaks), context(program=program, seed=seed)
+    assert graph.break_count == len(program.breaks) + _reader_count(program), context(program=program, seed=seed)
     handle = graph.output
     for replay in range(REPLAYS):
         details = context(program=program, seed=seed, replay=replay, fault=fault)
+        before = python_values(captured_world)
         refill(captured_world, seed + 1000 * (replay + 1))
         refill(twin, seed + 1000 * (replay + 1))
+        unchanged = [i for i, (old, new) in enumerate(zip(before, python_values(captured_world))) if old == new]
+        assert not unchanged, f"the refill left the Python values {unchanged} of python_values() unchanged: {details}"
         if fault is not None and fault[0] == replay:
             _, index, kind = fault
             captured_world.armed_fault[index] = kind
-            expected_error = ReplayError if kind == "wrong_shape" and program.breaks[index][2] != "none" else \
-                InjectedFault
+            misshaped = kind == "wrong_shape" and program.breaks[index][2] not in ("none",) + TENSORLESS_RETURNS
+            expected_error = ReplayError if misshaped else InjectedFault
             with pytest.raises(expected_error) as raised:
                 graph.replay()
             _assert_refused_where_it_happened(raised.value)
@@ -319,10 +382,12 @@ def _program(steps, output: str, *, rows: int = 4, width: int = 3, input_count: 
 @pytest.mark.parametrize("convention", CONVENTIONS)
 def test_every_calling_convention_and_return_structure(graph_capturer, device, exact, failure_context,
                                                        convention, returns):
-    """The whole cross product, once each: a break between segments, its output the function's output."""
-    output = "with_buffers" if returns == "none" else "break_output"
-    program = _program([("op", "add_input"), ("op", "tanh"), ("break", convention, returns)]
-                       + ([("op", "matmul"), ("break", "positional", "none")] if returns == "none" else []),
+    """The whole cross product, once each: a break between segments, its output the function's output
+    (a tensorless output is read by a later break instead; ``python_growing`` is empty at this capture)."""
+    output = "with_buffers" if returns == "none" else "hidden" if returns in TENSORLESS_RETURNS else "break_output"
+    later = {"none": [("op", "matmul"), ("break", "positional", "none")],
+             **{kind: [("op", "matmul"), ("break", "positional", "tensor")] for kind in TENSORLESS_RETURNS}}
+    program = _program([("op", "add_input"), ("op", "tanh"), ("break", convention, returns)] + later.get(returns, []),
                        output)
     check_program(graph_capturer, program, seed=7, device=device, exact=exact, context=failure_context)
 

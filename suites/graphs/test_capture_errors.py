@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from harness.compare import assert_equivalent
 from harness.errors import CaptureError
@@ -99,4 +102,80 @@ def test_capture_inside_a_break_body_raises(graph_capturer, make_tensor):
 
     with pytest.raises(CaptureError, match="re-entrant"):
         graph_capturer.capture(lambda: sneaky(x + 1))
+    _assert_capture_usable_afterwards(graph_capturer, make_tensor)
+
+
+# --- what a failed capture must give back, on every exit path -------------------------------------------
+
+
+def _process_state(device: torch.device) -> dict[str, object]:
+    """The process-wide state a capture may change while it runs and must restore however it ends."""
+    state: dict[str, object] = {
+        "dynamo config": torch._dynamo.config.get_config_copy(),
+        "dispatch modes active": len(_get_current_dispatch_mode_stack()),
+        "grad enabled": torch.is_grad_enabled(),
+        "inference mode": torch.is_inference_mode_enabled(),
+        "Tensor.tolist": torch.Tensor.tolist,
+        "garbage collector enabled": gc.isenabled(),
+    }
+    if device.type == "cuda":
+        state["current stream"] = torch.cuda.current_stream(device)
+        state["stream capturing"] = torch.cuda.is_current_stream_capturing()
+    return state
+
+
+def _fails_in_a_segment(x):
+    return (x + 1) * (x > 0).nonzero().sum()
+
+
+def _fails_in_a_break(x):
+    return _raising_break(x + 1) * 2
+
+
+@eager_on_graph
+def _raising_break(h):
+    raise ValueError("a break fails during capture")
+
+
+def _interrupted(x):
+    raise _Interrupt("interrupted during capture")
+
+
+FAILED_CAPTURES = {
+    "host_sync_in_a_segment": (_fails_in_a_segment, CaptureError),
+    "exception_in_a_break": (_fails_in_a_break, ValueError),
+    "base_exception_in_a_segment": (_interrupted, _Interrupt),
+}
+
+
+@pytest.mark.parametrize("how", sorted(FAILED_CAPTURES))
+def test_failed_capture_restores_compile_stance_dynamo_and_allocator_state(graph_capturer, make_tensor, device,
+                                                                            failure_context, how):
+    """After a capture that failed part-way, compiled functions compile and run compiled again, and
+    the dispatch-mode stack, grad mode, patched methods, the garbage collector and (on CUDA) the
+    current stream and its capture status are as before the capture."""
+    from torch._dynamo.testing import CompileCounter
+
+    program, error = FAILED_CAPTURES[how]
+    x = make_tensor(6, seed=7)
+    before = _process_state(device)
+    with pytest.raises(error):
+        graph_capturer.capture(lambda: program(x))
+    after = _process_state(device)
+    changed = {name: (before[name], after[name]) for name in before if after[name] != before[name]}
+    assert not changed, f"a failed capture left process state changed (before, after): {changed} " \
+                        f"{failure_context(how=how)}"
+    torch._dynamo.reset()
+    counter = CompileCounter()
+
+    @torch.compile(backend=counter, dynamic=False)
+    def double(t):
+        return t * 2
+
+    assert_equivalent(double(x), x * 2, exact=True)
+    assert counter.frame_count == 1, (
+        f"after a failed capture ({how}) a compiled function compiled {counter.frame_count} frames instead of 1: the "
+        "capture left a compile stance (force_eager, eager_on_recompile) or a Dynamo setting behind"
+    )
+    torch._dynamo.reset()
     _assert_capture_usable_afterwards(graph_capturer, make_tensor)

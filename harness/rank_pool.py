@@ -9,9 +9,9 @@ function ``fn(rank_context, *args)`` (picklable by name), returning each rank's 
 Nothing a rank does can hang the caller: every step has a deadline. A rank that raises makes the
 step fail with :class:`RankFailure`, which names every rank's fate in that step (raised, with its
 traceback; still running past the deadline, i.e. hung in a collective; died, with its exit code;
-finished). After a rank raises it tears its process group down, so a peer blocked in a collective
-gets an error instead of waiting forever; the pool then forms a fresh group for the next step. A
-rank that is hung past the deadline or dead is killed and the pool restarts on the next step.
+finished). A rank that raises reports and exits, so a peer blocked in a collective with it gets an
+error (its connections close) instead of waiting forever; peers still running after a short grace
+count as hung and are killed. After any failed step the pool starts afresh on the next one.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import dataclasses
 import datetime
 import multiprocessing.connection
 import os
+import pickle
 import socket
 import time
 import traceback
@@ -54,7 +55,7 @@ class RankFailure(AssertionError):
 @dataclasses.dataclass
 class RankContext:
     """What a step function gets on its rank: its place in the group, its device, and ``state``, a
-    dict that persists across steps until the group is re-formed (cache models and runners there)."""
+    dict that persists across steps until the pool restarts (cache models and runners there)."""
 
     rank: int
     world_size: int
@@ -68,6 +69,16 @@ class RankContext:
         import torch.distributed as dist
 
         return dist.group.WORLD
+
+
+def _send(connection: multiprocessing.connection.Connection, message: Any) -> None:
+    # Plain pickle, by value: torch's multiprocessing pickler would share tensors' memory with the
+    # receiver, tying their lifetime to a rank process that a failed step may kill.
+    connection.send_bytes(pickle.dumps(message))
+
+
+def _receive(connection: multiprocessing.connection.Connection) -> Any:
+    return pickle.loads(connection.recv_bytes())
 
 
 def _form_group(context: RankContext, port: int, timeout_s: float) -> None:
@@ -96,37 +107,35 @@ def _child(rank: int, world_size: int, backend: str, device: str, port: int, tim
     context = RankContext(rank, world_size, torch.device(device), backend)
     try:
         _form_group(context, port, timeout_s)
-        connection.send(("ok", None))
+        _send(connection, ("ok", None))
     except BaseException:  # noqa: BLE001 - reported to the parent, which fails the step
-        connection.send(("error", traceback.format_exc()))
+        _send(connection, ("error", traceback.format_exc()))
         return
     while True:
         try:
-            message = connection.recv()
+            message = _receive(connection)
         except EOFError:
             break
         kind = message[0]
         if kind == "close":
             break
-        if kind == "regroup":
-            _tear_down_group()
-            try:
-                _form_group(context, message[1], timeout_s)
-                connection.send(("ok", None))
-            except BaseException:  # noqa: BLE001
-                connection.send(("error", traceback.format_exc()))
-            continue
         _, step, fn, args = message
         context.step = step
+        text = None
         try:
             result = fn(context, *args)
         except BaseException:  # noqa: BLE001 - any failure of the step is the test's, reported per rank
             text = traceback.format_exc()
-            # Peers blocked in a collective with this rank get an error instead of waiting forever.
-            _tear_down_group()
-            connection.send(("error", text))
-            continue
-        connection.send(("ok", result))
+        if text is not None:
+            _send(connection, ("error", text))
+            # Exit: peers blocked in a collective with this rank get an error once its connections close.
+            # Destroying the group is not enough, captured graphs and models still hold it open.
+            connection.close()
+            os._exit(1)
+        try:
+            _send(connection, ("ok", result))
+        except Exception:  # noqa: BLE001 - an unpicklable result is the step's failure
+            _send(connection, ("error", traceback.format_exc()))
     _tear_down_group()
 
 
@@ -147,9 +156,12 @@ class RankPool:
         self.group_timeout = group_timeout
         self.grace = grace  # how long peers of a raising rank get to report before they count as hung
         self.starts = 0  # how many times the processes were started (a test may assert restarts)
+        # fork starts a rank in milliseconds where spawn re-imports torch (seconds of CPU per rank);
+        # CUDA cannot be forked, so NCCL ranks are spawned. HARNESS_RANK_START overrides.
+        default = "spawn" if backend == "nccl" or "fork" not in mp.get_all_start_methods() else "fork"
+        self.start_method = os.environ.get("HARNESS_RANK_START", default)
         self._processes: list[Any] = []
         self._connections: list[multiprocessing.connection.Connection] = []
-        self._needs_regroup = False
 
     # -- life cycle ---------------------------------------------------------------------------
 
@@ -158,7 +170,11 @@ class RankPool:
 
     def start(self) -> None:
         self.close()
-        context = mp.get_context("spawn")
+        if self.start_method == "fork":
+            # Imported once here, inherited by every fork: a rank importing Dynamo (which a capture's
+            # force_eager stance does) would otherwise spend seconds of CPU at each pool start.
+            import torch._dynamo  # noqa: F401
+        context = mp.get_context(self.start_method)
         port = free_loopback_port()
         threads = max(1, (os.cpu_count() or 1) // self.world_size) if self.backend == "nccl" else 1
         for rank in range(self.world_size):
@@ -182,7 +198,7 @@ class RankPool:
     def close(self) -> None:
         for connection in self._connections:
             try:
-                connection.send(("close",))
+                _send(connection, ("close",))
             except (BrokenPipeError, OSError):
                 pass
         for process in self._processes:
@@ -193,7 +209,6 @@ class RankPool:
         for connection in self._connections:
             connection.close()
         self._processes, self._connections = [], []
-        self._needs_regroup = False
 
     def __enter__(self) -> "RankPool":
         return self
@@ -216,22 +231,13 @@ class RankPool:
         """
         if not self.alive:
             self.start()
-        elif self._needs_regroup:
-            self._regroup()
         for rank, connection in enumerate(self._connections):
             extra = tuple(rank_args[rank]) if rank_args is not None else ()
-            connection.send(("step", step, fn, (*args, *extra)))
+            _send(connection, ("step", step, fn, (*args, *extra)))
         replies = self._collect(step, self.step_timeout if timeout is None else timeout)
         if any(kind != "ok" for kind, _ in replies.values()):
             self._fail(step, replies)
         return [replies[rank][1] for rank in range(self.world_size)]
-
-    def _regroup(self) -> None:
-        port = free_loopback_port()
-        for connection in self._connections:
-            connection.send(("regroup", port))
-        self._needs_regroup = False
-        self._await_ready("re-form the process group")
 
     def _collect(self, step: str, timeout: float) -> dict[int, tuple[str, Any]]:
         """Each rank's reply: ("ok", result), ("error", traceback), ("hung", None) or ("died", code)."""
@@ -246,7 +252,7 @@ class RankPool:
             for rank, connection in waiting.items():
                 if connection in ready:
                     try:
-                        replies[rank] = connection.recv()
+                        replies[rank] = _receive(connection)
                     except (EOFError, OSError):
                         self._processes[rank].join(timeout=1)
                         replies[rank] = ("died", self._processes[rank].exitcode)
@@ -272,9 +278,5 @@ class RankPool:
                 fates[rank] = f"died (exit code {payload}) during the step"
             else:
                 fates[rank] = f"hung: did not finish the step within its deadline (killed)"
-        broken = any(kind in ("hung", "died") for kind, _ in replies.values())
-        if broken:
-            self.close()  # restarted by the next step
-        else:
-            self._needs_regroup = True  # every rank is alive and waiting; the raising ones tore the group down
+        self.close()  # ranks that raised have exited, the others are killed; the next step starts afresh
         raise RankFailure(step, fates, raised=raised)

@@ -330,3 +330,8 @@ class PerturbsMiddleLayerAtReplay(LayerStackRunner):
         finally:
             if handle is not None:
                 handle.remove()
+
+
+# -- tensor parallelism (suites/runner/tensor_parallel): their own module, registered into MUTANTS -------
+
+from harness.mutants import runner_distributed  # noqa: E402,F401

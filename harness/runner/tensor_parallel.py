@@ -146,6 +146,14 @@ def rank_model(context: RankContext, setup: TPSetup) -> tuple[torch.nn.Module, t
     return context.state[key]
 
 
+def warm_up_before_fork() -> None:
+    """Compile the zoo MoE's combine in this process, before a pool forks its ranks from it: the
+    compiled code is inherited, so ranks do not each compile it again (seconds of CPU each). The
+    suites of this process compile it anyway."""
+    model = build_model("moe", seed=SEED)
+    eager(model, Composition((2,)).batch(0, torch.device("cpu")))
+
+
 def _forward_restored(runner: Any) -> bool:
     layer = getattr(runner, "layer_model", None)
     return layer is None or "forward" not in vars(layer)

@@ -27,8 +27,6 @@ bitwise; ranks agree with each other bitwise (an all-reduce hands every rank the
 from __future__ import annotations
 
 import copy
-from typing import Any
-
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -36,17 +34,7 @@ from torch import nn
 
 from harness import distributed
 from harness.errors import UsageError
-from harness.models.engine import (
-    Attention,
-    CausalLM,
-    DecoderLayer,
-    GatedMLP,
-    LogitsProcessor,
-    MoE,
-    RMSNorm,
-    Rotary,
-    packed_causal_attention,
-)
+from harness.models.engine import Attention, CausalLM, GatedMLP, LogitsProcessor, MoE, packed_causal_attention
 
 __all__ = ["COLLECTIVE_MODES", "shard_model", "VocabParallelEmbedding", "ParallelLMHead",
            "ParallelAttention", "ParallelMLP", "ParallelMoE"]
@@ -204,9 +192,3 @@ def shard_model(model: CausalLM, group: dist.ProcessGroup, *, collectives: str =
     reference = next(model.parameters())
     return sharded.to(device=reference.device, dtype=reference.dtype).eval().requires_grad_(False)
 
-
-def describe(model: Any) -> str:
-    """One line for failure messages: the zoo model, the group size, the collective mode."""
-    group = getattr(model, "process_group", None)
-    return (f"{getattr(model, 'zoo_name', type(model).__name__)} sharded over {distributed.group_size(group)} "
-            f"rank(s), collectives {getattr(model, 'collectives', '-')}")

@@ -18,7 +18,7 @@ from torch import nn
 from harness.errors import BucketError
 from harness.batch import ForwardBatch, HiddenMode, forward_context
 from harness.runner.discovery import DiscoveryResult
-from harness.mutants import MutantSet
+from harness.mutants import MutantSet, runner_distributed
 from harness.runner.runner import LayerStackRunner, StaticInputs
 
 __all__ = ["MUTANTS"]  # the mutants are reached through the registry, never imported by name
@@ -332,6 +332,6 @@ class PerturbsMiddleLayerAtReplay(LayerStackRunner):
                 handle.remove()
 
 
-# -- tensor parallelism (suites/runner/tensor_parallel): their own module, registered into MUTANTS -------
+# -- tensor parallelism (suites/runner/tensor_parallel): a module of their own -------------------
 
-from harness.mutants import runner_distributed  # noqa: E402,F401
+MUTANTS.include(runner_distributed.MUTANTS)

@@ -1,7 +1,7 @@
 """Mutants of the ``runner`` component under tensor parallelism (suites/runner/tensor_parallel).
 
-Registered in the runner's :class:`~harness.mutants.MutantSet` (``harness.mutants.runner`` imports
-this module); each overrides one seam of :class:`~harness.runner.LayerStackRunner` that only a
+Their own :class:`~harness.mutants.MutantSet`, which ``harness.mutants.runner`` includes in the
+runner's; each overrides one seam of :class:`~harness.runner.LayerStackRunner` that only a
 multi-rank run exercises (:meth:`~harness.runner.LayerStackRunner.group_rows`,
 :meth:`~harness.runner.LayerStackRunner.collectives`), so on one rank every one is the reference.
 """
@@ -16,10 +16,12 @@ import torch.distributed as dist
 from harness.batch import ForwardBatch
 from harness.distributed import Communicator, use_communicator
 from harness.graphs import is_capturing, run_outside_graph
-from harness.mutants.runner import MUTANTS
+from harness.mutants import MutantSet
 from harness.runner.runner import LayerStackRunner
 
-__all__: list[str] = []  # reached through the registry only
+__all__ = ["MUTANTS"]  # the mutants are reached through the registry, never imported by name
+
+MUTANTS = MutantSet("runner")
 
 
 @MUTANTS.add("agrees-only-when-padding", bug="skips the bucket agreement (an all-reduce) on a rank whose batch already "

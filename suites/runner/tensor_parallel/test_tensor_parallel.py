@@ -79,10 +79,11 @@ def test_collectives_are_captured_where_the_model_puts_them(tp, collectives):
 @capped_examples(4)
 @given(lengths=st.lists(st.integers(1, 4), min_size=1, max_size=4), seed=st.integers(0, 2**16),
        mode=st.sampled_from(["none", "last", "full"]), all_logits=st.booleans(),
-       padding=st.lists(st.integers(0, 4), min_size=1, max_size=4), collectives=st.sampled_from(["graph", "break"]))
+       padding=st.lists(st.integers(0, 4), min_size=1, max_size=4), model=st.sampled_from(["dense", "moe"]),
+       collectives=st.sampled_from(["graph", "break"]))
 def test_random_compositions_on_every_rank(tp, assert_ranks_match_eager, lengths, seed, mode, all_logits, padding,
-                                           collectives):
-    setup = tp.setup(model="dense", collectives=collectives)
+                                           model, collectives):
+    setup = tp.setup(model=model, collectives=collectives)
     composition = Composition(tuple(lengths), seed=seed, hidden_mode=mode, all_logits=all_logits,
                               padding=tuple(padding))
     results = tp.pool.run(f"run {composition.describe()}", tp_cases.run_compositions, setup, [composition])

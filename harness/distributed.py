@@ -36,8 +36,6 @@ __all__ = [
     "all_reduce_as_break",
     "all_gather",
     "agree",
-    "group_size",
-    "group_rank",
 ]
 
 
@@ -89,14 +87,6 @@ def all_reduce_as_break(tensor: torch.Tensor, group: dist.ProcessGroup) -> torch
 def all_gather(tensor: torch.Tensor, group: dist.ProcessGroup, *, dim: int = -1) -> torch.Tensor:
     """Every rank's shard concatenated along ``dim`` (the vocabulary shards of parallel logits)."""
     return current_communicator().all_gather(tensor, group, dim=dim)
-
-
-def group_size(group: dist.ProcessGroup | None) -> int:
-    return 1 if group is None else dist.get_world_size(group)
-
-
-def group_rank(group: dist.ProcessGroup | None) -> int:
-    return 0 if group is None else dist.get_rank(group)
 
 
 def agree(values: Sequence[int], group: dist.ProcessGroup | None, *, device: torch.device) -> list[int]:

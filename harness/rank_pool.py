@@ -157,8 +157,10 @@ class RankPool:
         self.grace = grace  # how long peers of a raising rank get to report before they count as hung
         self.starts = 0  # how many times the processes were started (a test may assert restarts)
         # fork starts a rank in milliseconds where spawn re-imports torch (seconds of CPU per rank);
-        # CUDA cannot be forked, so NCCL ranks are spawned. HARNESS_RANK_START overrides.
-        default = "spawn" if backend == "nccl" or "fork" not in mp.get_all_start_methods() else "fork"
+        # CUDA cannot be forked, so NCCL ranks, and any ranks of a process that initialised CUDA, are
+        # spawned. HARNESS_RANK_START overrides.
+        forkable = "fork" in mp.get_all_start_methods() and backend != "nccl" and not torch.cuda.is_initialized()
+        default = "fork" if forkable else "spawn"
         self.start_method = os.environ.get("HARNESS_RANK_START", default)
         self._processes: list[Any] = []
         self._connections: list[multiprocessing.connection.Connection] = []

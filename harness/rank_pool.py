@@ -22,6 +22,7 @@ import multiprocessing.connection
 import os
 import pickle
 import socket
+import threading
 import time
 import traceback
 from typing import Any, Callable
@@ -101,8 +102,22 @@ def _tear_down_group() -> None:
             pass
 
 
+def _exit_with_the_parent(parent: int) -> None:
+    """A rank outlives nothing: when the test process is gone (even by ``os._exit``, which skips the
+    clean-up that terminates daemonic children) the rank exits, also from inside a blocked collective.
+    Orphaned ranks would hold the parent's output pipes open and hang whoever waits for them."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="harness-rank-parent-watch", daemon=True).start()
+
+
 def _child(rank: int, world_size: int, backend: str, device: str, port: int, timeout_s: float,
-           connection: multiprocessing.connection.Connection, threads: int) -> None:
+           connection: multiprocessing.connection.Connection, threads: int, parent: int) -> None:
+    _exit_with_the_parent(parent)
     torch.set_num_threads(threads)
     context = RankContext(rank, world_size, torch.device(device), backend)
     try:
@@ -114,8 +129,8 @@ def _child(rank: int, world_size: int, backend: str, device: str, port: int, tim
     while True:
         try:
             message = _receive(connection)
-        except EOFError:
-            break
+        except (EOFError, OSError):
+            os._exit(0)  # the test process is gone: nobody to tear the group down with
         kind = message[0]
         if kind == "close":
             break
@@ -184,7 +199,7 @@ class RankPool:
             process = context.Process(
                 target=_child, daemon=True, name=f"harness-rank-{rank}",
                 args=(rank, self.world_size, self.backend, self._device(rank), port, self.group_timeout,
-                      child_end, threads))
+                      child_end, threads, os.getpid()))
             process.start()
             child_end.close()
             self._processes.append(process)

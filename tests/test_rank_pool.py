@@ -74,3 +74,32 @@ def test_a_dying_rank_fails_the_step(pool):
         pool.run("die on rank 1", checks.die_on_rank_one)
     assert failure.value.fates[1] == "died (exit code 3) during the step"
     assert pool.run("sum after a death", checks.rank_and_sum)[1] == (1, 3.0)
+
+
+def test_ranks_exit_when_the_test_process_dies_abruptly():
+    """The kill matrix ends a mutant's pytest with os._exit at its first failure, which skips the
+    clean-up that terminates daemonic children; orphaned ranks would keep its output pipes open."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import os\nfrom harness import _rank_pool_checks as checks\nfrom harness.rank_pool import RankPool\n"
+            "pool = RankPool(2)\npool.run('sum', checks.rank_and_sum)\n"
+            "print(' '.join(str(p.pid) for p in pool._processes), flush=True)\nos._exit(1)\n")
+    completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    pids = [int(pid) for pid in completed.stdout.split()]
+    assert len(pids) == 2, completed.stdout + completed.stderr
+    deadline = time.monotonic() + 10
+    alive = pids
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.2)
+        alive = [pid for pid in pids if os.path.exists(f"/proc/{pid}") and "Z" not in _state(pid)]
+    assert not alive, f"rank processes {alive} outlived their test process"
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(")")[-1].split()[0]
+    except OSError:
+        return "Z"

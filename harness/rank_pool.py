@@ -158,11 +158,13 @@ class RankPool:
     """``world_size`` rank processes in one process group; see the module docstring.
 
     ``backend``: ``"gloo"`` (CPU) or ``"nccl"`` (rank ``r`` on ``cuda:r``). ``step_timeout`` bounds
-    every step (seconds); ``group_timeout`` is the process group's own collective timeout.
+    every step (seconds); ``group_timeout`` is the process group's own collective timeout. Both are
+    generous because a rank legitimately waits in a collective for a peer that is still compiling or
+    capturing, on a CPU shared with other jobs; a rank that raises or dies fails the step at once.
     """
 
-    def __init__(self, world_size: int, *, backend: str = "gloo", step_timeout: float = 60.0,
-                 group_timeout: float = 30.0, grace: float = 5.0) -> None:
+    def __init__(self, world_size: int, *, backend: str = "gloo", step_timeout: float = 120.0,
+                 group_timeout: float = 60.0, grace: float = 5.0) -> None:
         if world_size < 1:
             raise ValueError(f"a rank pool needs at least one rank, got {world_size}")
         self.world_size = world_size

@@ -45,6 +45,8 @@ __all__ = [
     "current_hypothesis_profile",
     "SYRUPY_MISSING",
     "capped_examples",
+    "TensorParallelSession",
+    "tensor_parallel_session",
 ]
 
 
@@ -79,6 +81,9 @@ def add_options(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager
     group.addoption("--experts-implementation", choices=EXPERTS_IMPLEMENTATIONS, default=None,
                     help="how the transformers zoo's MoE and hybrid stacks run their experts (default: "
                          f"${EXPERTS_VARIABLE}, else {EXPERTS_IMPLEMENTATIONS[0]}, what engines capture)")
+    group.addoption("--tp", type=int, default=2, metavar="N",
+                    help="ranks of the tensor-parallel suites (suites/runner/tensor_parallel): gloo processes on "
+                         "the CPU, NCCL with one GPU per rank on cuda; 1 skips them (default 2)")
     group.addoption("--reproduce-failure", metavar="VERSION:BLOB", default=None,
                     help="replay one falsifying example of the one selected hypothesis test, as hypothesis's "
                          "@reproduce_failure(VERSION, BLOB) would; the reproduce line of a failure gives it")
@@ -265,6 +270,8 @@ def configure(config: pytest.Config) -> None:
             # (suites/runner: 83 s of CPU time with two threads, 15 s with one, on the 2-core CI-sized
             # machine). Set here, before any fixture builds a model.
             torch.set_num_threads(1)
+        if config.getoption("--tp", 2) < 1:
+            raise UsageError(f"--tp {config.getoption('--tp')}: the number of tensor-parallel ranks must be at least 1")
         backend = resolve_backend(config.getoption("--graph-backend"), device)
         selected: dict[str, str] = {}
         for option in config.getoption("--impl"):
@@ -325,6 +332,8 @@ def reproduce_command(config: pytest.Config, nodeid: str, *, replay: tuple[str, 
              "--device", session.device.type, "--graph-backend", session.backend.name]
     for component, spec in session.impl_specs.items():
         parts += ["--impl", f"{component}={spec}"]
+    if config.getoption("--tp", 2) != 2:
+        parts += ["--tp", str(config.getoption("--tp"))]
     parts += ["--hypothesis-profile", current_hypothesis_profile()]
     if experts_implementation() != EXPERTS_IMPLEMENTATIONS[0]:
         parts += ["--experts-implementation", experts_implementation()]
@@ -397,3 +406,50 @@ def annotate_failure(item: pytest.Item, report: pytest.TestReport) -> None:
             report.longrepr.addsection(title, content)
         else:
             report.sections.append((title, content))
+
+
+@dataclasses.dataclass
+class TensorParallelSession:
+    """The rank pool of the tensor-parallel suites and what each rank builds with (the session's
+    implementations and graph backend): one per test session, started on first use."""
+
+    pool: Any
+    world_size: int
+    runner_spec: str
+    graphs_spec: str
+    graph_backend: str
+
+    def setup(self, **fields: Any) -> Any:
+        """A :class:`harness.runner.tensor_parallel.TPSetup` with this session's implementations."""
+        from harness.runner.tensor_parallel import TPSetup, warm_up_before_fork
+
+        if fields.get("model") == "moe" and not self.pool.alive and self.pool.start_method == "fork":
+            warm_up_before_fork()  # ranks forked after this inherit the compiled MoE combine
+        return TPSetup(runner_spec=self.runner_spec, graphs_spec=self.graphs_spec,
+                       graph_backend=self.graph_backend, **fields)
+
+
+def tensor_parallel_session(config: pytest.Config) -> TensorParallelSession:
+    """The session's :class:`TensorParallelSession` (``--tp`` ranks: gloo processes on the CPU, NCCL
+    with a GPU each on cuda); skips, saying why, where ``--tp 1`` or there are fewer GPUs than ranks.
+    The caller closes its pool at the end of the session."""
+    from harness.rank_pool import RankPool
+
+    session = session_of(config)
+    world_size = config.getoption("--tp")
+    if world_size < 2:
+        pytest.skip(f"--tp {world_size}: the tensor-parallel cases need at least 2 ranks")
+    on_gpus = session.device.type == "cuda" and torch.cuda.device_count() >= world_size
+    backend_name = session.backend.name
+    if session.device.type == "cuda" and not on_gpus:
+        # Rather than skip (a skipped suite would let every distributed mutant survive the kill
+        # matrix of a one-GPU runner), run the ranks where they can run, and say so.
+        import warnings
+
+        warnings.warn(f"--tp {world_size} on cuda needs {world_size} GPUs (one per NCCL rank) and torch sees "
+                      f"{torch.cuda.device_count()}: the tensor-parallel cases run on {world_size} gloo CPU ranks "
+                      "with the emulated graph backend instead", stacklevel=1)
+        backend_name = "emulated"
+    pool = RankPool(world_size, backend="nccl" if on_gpus else "gloo")
+    return TensorParallelSession(pool, world_size, session.impl_specs.get("runner", "reference"),
+                                 session.impl_specs.get("graphs", "reference"), backend_name)

@@ -22,6 +22,7 @@ from harness.graphs._breakable import (
     copy_tensor,
     eager_on_graph,
     is_capturing,
+    run_outside_graph,
     write_back,
 )
 from harness.graphs._capture_rules import HOST_SYNC_OPS, check_capturable
@@ -41,6 +42,7 @@ __all__ = [
     "eager_on_graph",
     "break_graph",
     "is_capturing",
+    "run_outside_graph",
     "write_back",
     "copy_tensor",
     "check_capturable",

@@ -27,6 +27,7 @@ __all__ = [
     "eager_on_graph",
     "break_graph",
     "is_capturing",
+    "run_outside_graph",
     "write_back",
     "copy_tensor",
     "Break",
@@ -83,6 +84,17 @@ def _empty_break() -> None:
 def break_graph() -> None:
     """Insert an empty break: the current segment ends here and a new one begins."""
     _empty_break()
+
+
+def run_outside_graph(fn: Callable[[], Any]) -> Any:
+    """Run ``fn`` outside the graph being captured in this context: its work happens once, now, is
+    not replayed, and what it allocates lies outside the graph's pool (:meth:`CaptureSession.run_uncaptured`);
+    a plain call when nothing is being captured. Almost always a bug inside a captured region (the
+    graph keeps reading the capture-time result): it exists to build such bugs on purpose."""
+    session = _ACTIVE.get()
+    if isinstance(session, CaptureSession):
+        return session.run_uncaptured(fn)
+    return fn()
 
 
 def copy_tensor(captured: torch.Tensor, new: Any) -> torch.Tensor:

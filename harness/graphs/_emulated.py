@@ -9,6 +9,10 @@ again on the same tensors. What that reproduces of CUDA graphs:
 * Tensors an op created during capture are refreshed in place at replay (their memory is the
   graph's, like a CUDA graph's private pool), so downstream ops and the caller see new values.
 * Random ops draw fresh numbers at every replay, as CUDA's philox offsets advance.
+* Collectives (``torch.distributed``'s c10d ops: all-reduce, all-gather, ...) are ops like any
+  other: recorded with their process group, replayed on the captured buffers with the values those
+  hold at replay, each waited on before the next op as the capture-time call was (gloo ranks on the
+  CPU). A collective every rank must join is therefore replayed by every rank's graph, in order.
 * Ops CUDA refuses during capture (host syncs, data-dependent shapes, copies to the host; see
   :mod:`harness.graphs._capture_rules`) raise :class:`~harness.errors.CaptureError` naming the op,
   and so does ``Tensor.tolist()``, which reads CPU tensors without dispatching an op.
@@ -115,16 +119,24 @@ class _RecordedOp:
     spec: Any
     leaves: list[Any]  # flattened (args, kwargs); external tensors as _ExternalTensor
     refresh: list[tuple[int, torch.Tensor]]  # (position in the flat result, captured tensor to refresh)
+    waits: list[int] = dataclasses.field(default_factory=list)  # positions of collectives' work handles
 
     def replay(self) -> None:
         name = str(self.func)
         leaves = [leaf.materialize(name) if isinstance(leaf, _ExternalTensor) else leaf for leaf in self.leaves]
         args, kwargs = tree_unflatten(leaves, self.spec)
         result = self.func(*args, **kwargs)
-        if self.refresh:
+        if self.refresh or self.waits:
             flat, _ = tree_flatten(result)
+            for position in self.waits:
+                flat[position].wait()  # torch.distributed waited outside dispatch at capture; here it is ours
             for position, captured in self.refresh:
                 captured.copy_(flat[position])
+
+
+def _is_work(value: Any) -> bool:
+    """A collective's work handle (c10d ops return one beside their tensors)."""
+    return isinstance(value, torch.ScriptObject) and hasattr(value, "wait")
 
 
 class _EmulatedSegment:
@@ -188,7 +200,8 @@ class _Recorder(TorchDispatchMode):
         fresh = [(position, out) for position, out in enumerate(flat_result)
                  if isinstance(out, torch.Tensor) and _storage_key(out) not in input_storages]
         self._own(out for _, out in fresh)
-        self.ops.append(_RecordedOp(func, spec, recorded_leaves, fresh))
+        waits = [position for position, out in enumerate(flat_result) if _is_work(out)]
+        self.ops.append(_RecordedOp(func, spec, recorded_leaves, fresh, waits))
         return result
 
     def _own(self, tensors: Any) -> None:

@@ -6,11 +6,13 @@ attention reads the live request boundaries from :func:`forward_context`.
 
 from harness.batch import current_batch, forward_context
 from harness.models.engine import CausalLM, EngineModel, LogitsOutput, ModelConfig, packed_causal_attention
+from harness.models.tensor_parallel import shard_model
 from harness.models.zoo import MODEL_NAMES, build_model
 
 __all__ = [
     "MODEL_NAMES",
     "build_model",
+    "shard_model",
     "ModelConfig",
     "LogitsOutput",
     "CausalLM",

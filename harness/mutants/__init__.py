@@ -73,6 +73,13 @@ class MutantSet:
 
         return register
 
+    def include(self, other: "MutantSet") -> None:
+        """Add the mutants of ``other`` (another module's set of the same component), in its order."""
+        if other.component != self.component:
+            raise ValueError(f"cannot include {other.component} mutants in the {self.component} set")
+        for mutant in other:
+            self.add(mutant.name, bug=mutant.bug)(mutant.obj)
+
     def __iter__(self) -> Iterator[Mutant]:
         return iter(self._mutants.values())
 

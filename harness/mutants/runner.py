@@ -18,7 +18,7 @@ from torch import nn
 from harness.errors import BucketError
 from harness.batch import ForwardBatch, HiddenMode, forward_context
 from harness.runner.discovery import DiscoveryResult, layer_list
-from harness.mutants import MutantSet
+from harness.mutants import MutantSet, runner_distributed
 from harness.runner.runner import LayerStackRunner, StaticInputs
 
 __all__ = ["MUTANTS"]  # the mutants are reached through the registry, never imported by name
@@ -386,3 +386,8 @@ class LayersRecordedInLargestBucketOnly(LayerStackRunner):
             return
         with super().record_layers(static):
             yield
+
+
+# -- tensor parallelism (suites/runner/tensor_parallel): a module of their own -------------------
+
+MUTANTS.include(runner_distributed.MUTANTS)

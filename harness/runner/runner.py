@@ -17,11 +17,19 @@ Per-layer recording: during capture, a forward hook on each decoder layer of the
 in-graph copy of the layer's output, so every replay refreshes them; :meth:`LayerStackRunner.layer_outputs`
 hands them out after a replay, for divergence localisation (:mod:`harness.runner.divergence`).
 
+Tensor parallelism: when the model exposes ``process_group`` (the sharded zoo models of
+:mod:`harness.models.tensor_parallel` do, as engines expose their TP group), every rank runs the
+runner on its shard and the ranks decide together: the rows a batch runs at are the largest of the
+ranks' rows (:meth:`group_rows`, one all-reduce), so every rank pads to the same bucket and the
+captured collectives meet the same shapes; a batch is replayed only if every rank can replay it
+(:meth:`all_ranks_agree`), otherwise every rank runs it eagerly, padded to the group's rows. Each
+decision is one collective that every rank makes, in the same order, whatever its local batch.
+
 Seams a subclass may override, one behaviour each: :meth:`discover`, :meth:`bucket_for`,
 :meth:`can_run`, :meth:`autograd_off`, :meth:`publish`, :meth:`patched_forward`, :meth:`pad`,
-:meth:`slice_output`, :meth:`hand_out`, :meth:`run_eagerly`, :meth:`record_layers`, and
-``static_inputs_class`` (:meth:`StaticInputs.load`); :attr:`in_replay` tells an override whether a
-replay is under way.
+:meth:`slice_output`, :meth:`hand_out`, :meth:`run_eagerly`, :meth:`record_layers`,
+:meth:`group_rows`, :meth:`all_ranks_agree`, :meth:`collectives`, and ``static_inputs_class``
+(:meth:`StaticInputs.load`); :attr:`in_replay` tells an override whether a replay is under way.
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import torch
 from torch import nn
 
-from harness import observations
+from harness import distributed, observations
 from harness.errors import BucketError, CaptureError, ReplayError
 from harness.graphs import BreakableGraph
 from harness.batch import ForwardBatch, HiddenMode, forward_context, select_bucket, validate_buckets
@@ -155,6 +163,8 @@ class LayerStackRunner:
         self.rules = tuple(rules)
         self.warmup_runs = warmup_runs
         self.stats = RunnerStats()
+        # The tensor-parallel group the ranks agree over (None: one rank, no agreement needed).
+        self.process_group = getattr(model, "process_group", None)
         self.discovery = self.discover(model)
         self.layer_model = self.discovery.module
         self._captured: dict[int, StaticInputs] = {}
@@ -196,6 +206,21 @@ class LayerStackRunner:
 
     def pad(self, batch: ForwardBatch, bucket: int) -> ForwardBatch:
         return batch.padded_to(bucket)
+
+    def group_rows(self, batch: ForwardBatch) -> int:
+        """The rows every rank of the process group runs ``batch`` at: the largest of the ranks'
+        :meth:`rows` (one all-reduce, made by every rank); this rank's rows without a group."""
+        return distributed.agree([self.rows(batch)], self.process_group, device=self._device())[0]
+
+    def all_ranks_agree(self, verdict: bool) -> bool:
+        """Whether ``verdict`` holds on every rank of the process group (one all-reduce)."""
+        return distributed.agree([int(not verdict)], self.process_group, device=self._device())[0] == 0
+
+    def collectives(self) -> contextlib.AbstractContextManager:
+        """Held around every capture and replay: the communicator the model's collectives use
+        (:func:`harness.distributed.use_communicator`). Engines switch to a graph-capturable
+        all-reduce here; the reference keeps torch.distributed's, which the backends capture as is."""
+        return contextlib.nullcontext()
 
     def slice_output(self, output: Any, *, bucket: int, num_tokens: int) -> Any:
         """Cut per-token outputs (leading dimension ``bucket``) back to the real ``num_tokens``."""
@@ -254,7 +279,7 @@ class LayerStackRunner:
             def step(static: StaticInputs = static, forward: Callable[..., Any] = forward) -> Any:
                 return forward(*static.args, **static.kwargs)
 
-            with self.autograd_off(), self.publish(static.batch), self.record_layers(static):
+            with self.autograd_off(), self.publish(static.batch), self.collectives(), self.record_layers(static):
                 static.graph = self.graphs.capture(step, pool=pool, warmup_runs=self.warmup_runs)
             self._captured[bucket] = static
             self.stats.captures += 1
@@ -313,9 +338,13 @@ class LayerStackRunner:
         """Whether :meth:`replay` can run ``batch``: a captured bucket holds its rows (padding it
         arrived with included), and, when discovery fell back (the graph then holds the batch's
         Python-level choices), the batch matches the dummy: one request, no hidden states,
-        last-token logits only."""
+        last-token logits only. Under tensor parallelism the rows are the group's and the verdict
+        holds on every rank or on none."""
+        return self.all_ranks_agree(self._can_run_here(batch, self.group_rows(batch)))
+
+    def _can_run_here(self, batch: ForwardBatch, rows: int) -> bool:
         try:
-            bucket = self.bucket_for(self.rows(batch))
+            bucket = self.bucket_for(rows)
         except BucketError:
             return False
         if bucket not in self._captured:
@@ -335,15 +364,19 @@ class LayerStackRunner:
 
     def run_eagerly(self, batch: ForwardBatch) -> Any:
         """The eager fallback: the model's own forward without autograd, per-token outputs cut to the
-        real tokens (as a replay's are)."""
+        real tokens (as a replay's are). Under tensor parallelism every rank runs at the group's
+        rows, so the model's collectives meet equal shapes."""
+        rows = self.group_rows(batch)
+        if rows != self.rows(batch):
+            batch = batch.padded_to(rows)
         with self.autograd_off():
             output = self.model(batch.input_ids, batch.positions, batch)
-        return self.slice_output(output, bucket=self.rows(batch), num_tokens=batch.num_tokens)
+        return self.slice_output(output, bucket=rows, num_tokens=batch.num_tokens)
 
     def replay(self, batch: ForwardBatch) -> Any:
         """Replay ``batch`` through its bucket's graph; raises rather than running eagerly."""
         self._refuse_nested()
-        bucket = self.bucket_for(self.rows(batch))
+        bucket = self.bucket_for(self.group_rows(batch))
         static = self._captured.get(bucket)
         if static is None:
             raise BucketError(f"bucket {bucket} was not captured; captured buckets: {list(self.captured_buckets())}")
@@ -361,7 +394,8 @@ class LayerStackRunner:
 
         self._in_replay = True
         try:
-            with self.autograd_off(), self.publish(padded), self.patched_forward(replay_layer_forward):
+            with self.autograd_off(), self.publish(padded), self.collectives(), \
+                    self.patched_forward(replay_layer_forward):
                 output = self.model(padded.input_ids, padded.positions, padded)
         finally:
             self._in_replay = False

@@ -20,6 +20,8 @@ import sysconfig
 import zipfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 # An engine's module, outside the harness: a correct gather in plain torch, and one that is off by one
@@ -46,7 +48,7 @@ pytest_collect_file = collect_suite("gather")
 
 # The test is about packaging: every run on the CPU and the emulated backend, on a GPU runner too.
 _CPU = ["--device", "cpu", "--graph-backend", "emulated"]
-_IGNORED = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".hypothesis",
+_IGNORED = shutil.ignore_patterns(".git", ".venv", ".whl", "build", "dist", "*.egg-info", "__pycache__", ".hypothesis",
                                   ".pytest_cache", ".ci")
 
 
@@ -146,8 +148,10 @@ def _check_reference_passes_the_packaged_suite(python: Path, env: dict[str, str]
 
 def _check_outside_modules(python: Path, env: dict[str, str], tmp_path: Path) -> None:
     engine = Path(env["PYTHONPATH"])
+    # A few contract cases are enough to show an outside module passes: the whole suite runs on the reference.
     good = _run([str(python), "-m", "pytest", "--pyargs", "harness.suites.gather.test_contract", "-p", "no:cacheprovider",
-                 "--impl", "gather=engine_ops:gather", "-q", *_CPU], cwd=tmp_path, env=env)
+                 "--impl", "gather=engine_ops:gather", "-q", "-k", "typical or strided or every_dtype", *_CPU],
+                cwd=tmp_path, env=env)
     assert good.returncode == 0, (good.stdout + good.stderr)[-5000:]
     # The broken one through the engine's own test tree (the one-file conftest.py), stopping at its first failure.
     broken = _run([str(python), "-m", "pytest", "tests", "-p", "no:cacheprovider", "-x",
@@ -188,6 +192,9 @@ def _check_selfcheck_run(python: Path, env: dict[str, str], tmp_path: Path) -> N
     assert completed.stdout.split()[:2] == ["killed", "True"], completed.stdout
 
 
+# About four minutes of CPU in all; the limit is wall time on a shared machine (over 15 minutes seen on the
+# 2-core one under a load of 9).
+@pytest.mark.timeout(2400)
 def test_an_engine_ci_runs_the_installed_wheel(tmp_path_factory, tmp_path):
     """One test, so that one wheel and one venv are built, under pytest-xdist too."""
     wheel = _build_wheel(tmp_path_factory)

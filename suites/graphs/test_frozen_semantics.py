@@ -10,6 +10,8 @@ import torch
 from harness.compare import assert_equivalent
 from harness.errors import GraphHazardError
 
+pytestmark = pytest.mark.clause("frozen-capture")
+
 
 def test_python_branch_is_frozen_at_capture(graph_capturer, make_tensor):
     x = make_tensor(4, 3, seed=1)
@@ -93,6 +95,7 @@ def test_graphs_sharing_a_pool_replay_independently(graph_capturer, make_tensor)
     assert_equivalent(second.output, (x + 1) * 3, exact=True)
 
 
+@pytest.mark.clause("hazards")
 def test_released_external_tensor_is_reported_as_hazard(graph_capturer, graph_backend, make_tensor):
     if graph_backend.name != "emulated":
         pytest.skip("only the emulated backend can see released memory; CUDA silently reads whatever is there")

@@ -5,6 +5,7 @@
     python -m harness bench runner|gather|tolerance [options; --help lists each benchmark's own]
     python -m harness report [--run-report PATH] [--selfcheck PATH] [--annotate JUNIT_XML]  (CI step summary)
     python -m harness conformance --impl COMPONENT=SPEC [--device D] [--graph-backend B] [--out DIR] [--jobs N]
+                                  [--time-limit SECONDS]
 """
 
 from __future__ import annotations
@@ -125,7 +126,8 @@ def _conformance(arguments: argparse.Namespace) -> int:
     _chosen_components(argparse.Namespace(component=[component]))
     report = conformance.run_conformance(component=component, spec=spec, device=arguments.device,
                                          graph_backend=arguments.graph_backend, root=_project_root(),
-                                         jobs=arguments.jobs, hypothesis_profile=arguments.hypothesis_profile)
+                                         jobs=arguments.jobs, hypothesis_profile=arguments.hypothesis_profile,
+                                         time_limit=arguments.time_limit)
     print(conformance.format_text(report))
     markdown, document = conformance.write_report(report, arguments.out)
     print(f"\nwritten: {markdown} and {document}")
@@ -184,6 +186,8 @@ def main(argv: list[str] | None = None, *, prog: str | None = None) -> int:
     conform.add_argument("--jobs", type=int, default=1, help="pytest-xdist workers (default 1: no xdist)")
     conform.add_argument("--hypothesis-profile", default="ci",
                          help="profile of the suite's property tests (default ci: 25 derandomized examples, shrunk)")
+    conform.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
+                         help="stop the suite after this long and report what finished (the rest: not run)")
     conform.add_argument("--out", default="conformance", help="folder for the Markdown and JSON (default ./conformance)")
     commands.add_parser("bench", help="benchmarks that print a table and write JSON (bench --help)", add_help=False)
     arguments, rest = parser.parse_known_args(argv)

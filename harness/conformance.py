@@ -17,6 +17,7 @@ import importlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -63,13 +64,14 @@ class ConformanceReport:
     command: str
     results: list[ClauseResult]
     unclassified: list[str]  # tests without a known clause
+    stopped: str = ""  # why the suite did not run to its end (a time limit), or empty
 
     def violations(self, tier: str) -> list[ClauseResult]:
         return [r for r in self.results if r.tier == tier and r.verdict == VIOLATED]
 
     @property
     def ok(self) -> bool:
-        return not any(r.verdict == VIOLATED for r in self.results) and not self.unclassified
+        return not any(r.verdict == VIOLATED for r in self.results) and not self.unclassified and not self.stopped
 
     def headline(self, tier: str) -> str:
         violated = self.violations(tier)
@@ -123,8 +125,12 @@ def _engine(component: str, spec: str) -> str:
 
 def run_conformance(*, component: str, spec: str, device: str = "auto", graph_backend: str = "auto",
                     root: Path, jobs: int = 1, hypothesis_profile: str = "ci",
-                    extra_args: list[str] | None = None) -> ConformanceReport:
-    """Run ``component``'s suite against ``spec`` in a child pytest process and build the report."""
+                    extra_args: list[str] | None = None, time_limit: float | None = None) -> ConformanceReport:
+    """Run ``component``'s suite against ``spec`` in a child pytest process and build the report.
+
+    Past ``time_limit`` seconds the suite is stopped and the report says so: what finished is
+    reported, the rest is not run (an engine's failures can make a suite much slower than the
+    reference's: every failure is a traceback, every failing property a search)."""
     row = components.get_component(component)
     clause_table = _clauses.clauses_of(component)
     resolved = resolve_device(device)
@@ -139,17 +145,34 @@ def run_conformance(*, component: str, spec: str, device: str = "auto", graph_ba
         record_path = Path(scratch) / "record.jsonl"
         environment = dict(os.environ, HARNESS_CONFORMANCE_RECORD=str(record_path))
         environment.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
-        completed = subprocess.run(command, cwd=root, env=environment, capture_output=True, text=True)
+        returncode, output = _run_limited(command, root, environment, time_limit)
         records = [json.loads(line) for line in record_path.read_text().splitlines()] if record_path.is_file() else []
-    if completed.returncode not in (0, 1) or not records:
-        tail = [line for line in (completed.stdout + completed.stderr).strip().splitlines() if line.strip()][-3:]
-        raise HarnessError(f"the suite did not run to the end (pytest exit {completed.returncode}): "
-                           + " | ".join(tail or ["(no output)"]))
+    stopped = returncode is None
+    if (not stopped and returncode not in (0, 1)) or not any("nodeid" in r for r in records):
+        tail = [line for line in output.strip().splitlines() if line.strip()][-3:]
+        raise HarnessError(f"the suite did not run (pytest exit {returncode}): " + " | ".join(tail or ["(no output)"]))
     display = " ".join(["pytest", row.suite, "--impl", f"{component}={spec}", "--device", resolved.type,
                         "--graph-backend", backend, "--hypothesis-profile", hypothesis_profile])
-    return build_report(records, clause_table, component=component, spec=spec, kind=implementation.kind,
-                        engine=_engine(component, spec), device=resolved.type, graph_backend=backend,
-                        environment=_environment(resolved), command=display)
+    report = build_report(records, clause_table, component=component, spec=spec, kind=implementation.kind,
+                          engine=_engine(component, spec), device=resolved.type, graph_backend=backend,
+                          environment=_environment(resolved), command=display)
+    if stopped:
+        report.stopped = f"stopped at the time limit of {time_limit:.0f} s: tests that had not finished count as not run"
+    return report
+
+
+def _run_limited(command: list[str], root: Path, environment: dict[str, str],
+                 time_limit: float | None) -> tuple[int | None, str]:
+    """Run the child pytest; past ``time_limit`` stop it and its xdist workers (exit status None)."""
+    process = subprocess.Popen(command, cwd=root, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, start_new_session=True)
+    try:
+        output, _ = process.communicate(timeout=time_limit)
+        return process.returncode, output
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)  # its own session: the workers go with it
+        output, _ = process.communicate()
+        return None, output
 
 
 def build_report(records: list[dict[str, Any]], clause_table: tuple[_clauses.Clause, ...], **fields: Any
@@ -214,7 +237,8 @@ def _title(report: ConformanceReport) -> str:
 
 def format_text(report: ConformanceReport) -> str:
     """The report for a terminal: the two headlines, then one row per clause."""
-    lines = [_title(report), report.headline(_clauses.CORE), report.headline(_clauses.STRICT), ""]
+    lines = [_title(report), report.headline(_clauses.CORE), report.headline(_clauses.STRICT)]
+    lines += [f"INCOMPLETE: {report.stopped}", ""] if report.stopped else [""]
     rows = [("tier", "clause", "verdict", "tests", "first falsifying example")]
     for r in report.results:
         example = ""
@@ -242,7 +266,8 @@ def _cell(text: str) -> str:
 def format_markdown(report: ConformanceReport) -> str:
     """The report as Markdown, to paste into a pull request or a CI step summary."""
     out = [f"## {_title(report)}", "", f"- **{report.headline(_clauses.CORE)}**",
-           f"- {report.headline(_clauses.STRICT)}", "",
+           f"- {report.headline(_clauses.STRICT)}", *([f"- **incomplete**: {report.stopped}"] if report.stopped else []),
+           "",
            "Tiers: **core**: " + _clauses.TIERS[_clauses.CORE] + "; **strict**: " + _clauses.TIERS[_clauses.STRICT]
            + ".", "", "| tier | clause | verdict | tests passed | first falsifying example |",
            "| --- | --- | --- | --- | --- |"]

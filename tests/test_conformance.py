@@ -104,3 +104,19 @@ def test_a_bad_spec_is_one_line_before_any_suite_runs(capsys):
 def test_a_component_without_clauses_is_refused(capsys, spec):
     assert cli.main(["conformance", "--impl", spec]) == 2
     assert "no contract clauses are declared for 'runner'" in capsys.readouterr().err
+
+
+def test_a_suite_past_its_time_limit_is_stopped_with_its_workers_and_the_report_says_so(tmp_path):
+    import os
+    import sys
+    import time
+
+    started = time.monotonic()
+    child = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+             "print('started', flush=True); time.sleep(60)")
+    returncode, output = conformance._run_limited([sys.executable, "-c", child], ROOT, dict(os.environ), 3)
+    assert returncode is None and "started" in output and time.monotonic() - started < 30
+    report = _report()
+    report.stopped = "stopped at the time limit of 3 s"
+    assert not report.ok and "INCOMPLETE: stopped at the time limit" in conformance.format_text(report)
+    assert "**incomplete**: stopped" in conformance.format_markdown(report)

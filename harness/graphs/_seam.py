@@ -11,10 +11,9 @@ does an engine's adapter (``harness.adapters.sglang`` forwards them to the engin
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import functools
-from typing import Any, Callable, Iterator, Protocol, TypeVar, runtime_checkable
+from typing import Any, Callable, Protocol, TypeVar, runtime_checkable
 
 __all__ = [
     "BreakReceiver",
@@ -58,19 +57,33 @@ _RECEIVER: contextvars.ContextVar[BreakReceiver | None] = contextvars.ContextVar
     "harness_break_receiver", default=None)
 
 
-@contextlib.contextmanager
-def receive_breaks(receiver: BreakReceiver) -> Iterator[BreakReceiver]:
-    """Send every marked break call made in this context to ``receiver.run_break`` until the block
-    ends (also when it raises); the receiver active before is restored. Nesting is allowed: the
-    innermost receiver gets the calls. Whether a capturer refuses a capture inside another is its
-    own decision (:func:`current_break_receiver` tells it whether one runs)."""
-    if not callable(getattr(receiver, "run_break", None)):
-        raise TypeError(f"receive_breaks() needs an object with run_break(fn, args, kwargs); got {receiver!r}")
-    token = _RECEIVER.set(receiver)
-    try:
-        yield receiver
-    finally:
-        _RECEIVER.reset(token)
+class receive_breaks:  # noqa: N801 - a context manager named for what its block does, like contextlib.suppress
+    """``with receive_breaks(receiver):`` sends every marked break call made in this context to
+    ``receiver.run_break`` until the block ends (also when it raises); the receiver active before is
+    restored. Nesting is allowed: the innermost receiver gets the calls. Whether a capturer refuses a
+    capture inside another is its own decision (:func:`current_break_receiver` tells it whether one
+    runs). ``__enter__`` returns the receiver.
+
+    Only ``__exit__`` restores the previous receiver (a capturer that enters it by hand must exit it
+    on every path): nothing is restored behind the caller's back when the object is collected.
+    """
+
+    def __init__(self, receiver: BreakReceiver) -> None:
+        if not callable(getattr(receiver, "run_break", None)):
+            raise TypeError(f"receive_breaks() needs an object with run_break(fn, args, kwargs); got {receiver!r}")
+        self.receiver = receiver
+        self._token: contextvars.Token[BreakReceiver | None] | None = None
+
+    def __enter__(self) -> BreakReceiver:
+        if self._token is not None:
+            raise RuntimeError("this receive_breaks() block is already entered; make one per block")
+        self._token = _RECEIVER.set(self.receiver)
+        return self.receiver
+
+    def __exit__(self, *exc_info: Any) -> None:
+        token, self._token = self._token, None
+        if token is not None:
+            _RECEIVER.reset(token)
 
 
 def current_break_receiver() -> BreakReceiver | None:

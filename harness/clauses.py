@@ -56,21 +56,27 @@ CLAUSES: dict[str, tuple[Clause, ...]] = {
                                  "values, new tensor objects are ignored, views, in-place updates, RNG and tensors "
                                  "made inside the capture replay"),
         ("live-breaks", CORE, "every break runs again at every replay, in capture order, with the same argument "
-                              "objects, seeing this replay's values however it was called"),
+                              "objects, seeing this replay's values however it was called; random draws in a "
+                              "break are fresh and in the eager generator stream"),
         ("write-back", CORE, "break outputs are written back in place into the objects returned at capture "
-                             "(tensors, lists, tuples, dicts, objects with __dict__ or __slots__, Python values); "
-                             "graph.output is refreshed in place"),
+                             "(tensors, views element by element, lists, tuples, dicts, objects with __dict__ or "
+                             "__slots__, the Python values they hold); graph.output is refreshed in place"),
         ("changes-raise", CORE, "a break output of another shape, dtype, device or structure at replay raises "
                                 "ReplayError at that break, never broadcasts, casts or silently replaces"),
         ("fault-recovery", CORE, "an exception from a break at replay propagates, and the next replay equals eager "
                                  "again"),
-        ("capture-failure-clean", CORE, "an exception during capture propagates and leaves no capture active"),
+        ("capture-failure-clean", CORE, "an exception during capture propagates, leaves no capture active and "
+                                        "restores the process state the capture changed"),
         ("per-thread", CORE, "capture state is per thread: another thread's breaks are plain calls"),
         ("warm-up", CORE, "state the function creates lazily is created at warm-up, outside the graph"),
+        ("pools", CORE, "graphs sharing a pool replay in capture order without clobbering each other; graphs "
+                        "captured without a pool never share memory"),
         ("capture-rules", STRICT, "host synchronisations and data-dependent shapes fail the capture with "
                                   "CaptureError"),
         ("not-reentrant", STRICT, "a capture inside a capture, also from a break body, raises CaptureError"),
         ("nested-breaks-inline", STRICT, "a break called from inside a break body runs inline"),
+        ("immutable-values-refused", STRICT, "a Python value a break returns outside a mutable container (bare, "
+                                             "in tuples only) fails the capture with CaptureError"),
         ("accounting", STRICT, "segment_count, break_count and break_names describe the capture"),
         ("hazards", STRICT, "a captured tensor the caller released is reported as a hazard (GraphHazardError)"),
     ),

@@ -125,7 +125,7 @@ def _conformance(arguments: argparse.Namespace) -> int:
     component, spec = impls.parse_impl_option(arguments.impl)
     _chosen_components(argparse.Namespace(component=[component]))
     report = conformance.run_conformance(component=component, spec=spec, device=arguments.device,
-                                         graph_backend=arguments.graph_backend, root=_project_root(),
+                                         graph_backend=arguments.graph_backend, root=locations.project_root(),
                                          jobs=arguments.jobs, hypothesis_profile=arguments.hypothesis_profile,
                                          time_limit=arguments.time_limit)
     print(conformance.format_text(report))

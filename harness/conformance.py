@@ -136,7 +136,9 @@ def run_conformance(*, component: str, spec: str, device: str = "auto", graph_ba
     resolved = resolve_device(device)
     backend = _effective_backend(graph_backend, resolved)
     implementation = impls.load(component, spec, graph_backend=backend)  # a bad spec: one line, before pytest
-    command = [sys.executable, "-m", "pytest", str(root / row.suite), "-q", "-rfE", "-p", "no:cacheprovider",
+    # --rootdir: node ids relative to the root in an installed wheel too, which has no ini file
+    command = [sys.executable, "-m", "pytest", str(root / row.suite), "--rootdir", str(root), "-q", "-rfE",
+               "-p", "no:cacheprovider",
                "-p", "harness._conformance_plugin", "--impl", f"{component}={spec}", "--device", resolved.type,
                "--graph-backend", backend, "--hypothesis-profile", hypothesis_profile, *(extra_args or [])]
     if jobs > 1:

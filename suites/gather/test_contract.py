@@ -106,6 +106,7 @@ def test_negative_indices_in_range_wrap(check_gather, index_dtype):
     check_gather(GatherCase(pool=17, count=len(values), seed=11, index_dtype=index_dtype, index_values=values))
 
 
+@pytest.mark.clause("fresh-outputs")
 @pytest.mark.parametrize("next_count", [6, 3], ids=["same-count", "other-count"])
 def test_results_outlive_the_next_call(gather_function, device, failure_context, next_count):
     """A caller keeps one step's extras while the next step gathers (the relay hands them to the

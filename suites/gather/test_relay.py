@@ -89,6 +89,7 @@ def test_resolving_a_slot_twice_is_caught(gather_function, device):
         relay.resolve(torch.tensor([3], device=device))
 
 
+@pytest.mark.clause("fresh-outputs")
 def test_resolved_extras_outlive_the_next_resolve(gather_function, device):
     """The scheduler holds one step's resolved extras while the next step stashes and resolves."""
     relay = SpecExtrasRelay(16, topk=3, hidden_size=5, device=device, gather=gather_function)

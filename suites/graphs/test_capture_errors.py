@@ -153,6 +153,7 @@ FAILED_CAPTURES = {
 }
 
 
+@pytest.mark.clause("capture-failure-clean")
 @pytest.mark.parametrize("how", sorted(FAILED_CAPTURES))
 def test_failed_capture_restores_compile_stance_dynamo_and_allocator_state(graph_capturer, make_tensor, device,
                                                                             failure_context, how):

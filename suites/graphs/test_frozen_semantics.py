@@ -83,6 +83,7 @@ def test_tensors_created_inside_capture_are_refreshed(graph_capturer, make_tenso
     assert_equivalent(graph.replay(), x.clone(), exact=True)
 
 
+@pytest.mark.clause("pools")
 def test_graphs_sharing_a_pool_replay_independently(graph_capturer, make_tensor):
     pool = graph_capturer.new_pool()
     x = make_tensor(8, seed=14)
@@ -108,6 +109,7 @@ def test_released_external_tensor_is_reported_as_hazard(graph_capturer, graph_ba
         graph.replay()
 
 
+@pytest.mark.clause("pools")
 def test_graphs_captured_without_a_pool_do_not_share_memory(graph_capturer, graph_backend, make_tensor):
     """Only graphs given one pool may share memory (and must then replay in capture order). Two graphs
     captured with no pool are independent: replaying one never changes the other's output, even where

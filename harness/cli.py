@@ -4,6 +4,8 @@
     python -m harness selfcheck [--component C ...] [--graph-backend B] [--device D] [--jobs N] [--json PATH]
     python -m harness bench runner|gather|tolerance [options; --help lists each benchmark's own]
     python -m harness report [--run-report PATH] [--selfcheck PATH] [--annotate JUNIT_XML]  (CI step summary)
+    python -m harness conformance --impl COMPONENT=SPEC [--device D] [--graph-backend B] [--out DIR] [--jobs N]
+                                  [--time-limit SECONDS]
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ def _list(arguments: argparse.Namespace) -> int:
         fields = [("reference", f"{row.reference}  (--impl {row.name}=reference, the default)"),
                   ("oracle", row.oracle), ("suite", row.suite), ("doc", row.doc)]
         fields += [("also", f"{target}  (--impl {row.name}={alias})") for alias, target in row.also_registered.items()]
+        fields += [("adapter", f"{target}  (--impl {row.name}={name}, the engine's shipped code)")
+                   for name, target in row.adapters.items()]
         for label, value in fields:
             print(f"  {label:<10} {value}")
         mutants = impls.mutants(name)
@@ -114,6 +118,22 @@ def _report(arguments: argparse.Namespace) -> int:
     return 0
 
 
+def _conformance(arguments: argparse.Namespace) -> int:
+    """Run one component's suite against --impl and report per contract clause; exit 1 on a violation."""
+    from harness import conformance
+
+    component, spec = impls.parse_impl_option(arguments.impl)
+    _chosen_components(argparse.Namespace(component=[component]))
+    report = conformance.run_conformance(component=component, spec=spec, device=arguments.device,
+                                         graph_backend=arguments.graph_backend, root=locations.project_root(),
+                                         jobs=arguments.jobs, hypothesis_profile=arguments.hypothesis_profile,
+                                         time_limit=arguments.time_limit)
+    print(conformance.format_text(report))
+    markdown, document = conformance.write_report(report, arguments.out)
+    print(f"\nwritten: {markdown} and {document}")
+    return 0 if report.ok else 1
+
+
 def _bench(rest: list[str]) -> int:
     # The bench package owns its command line (shared options, one subcommand per benchmark).
     from harness.bench.command import BENCHMARKS, main as bench_main
@@ -154,6 +174,21 @@ def main(argv: list[str] | None = None, *, prog: str | None = None) -> int:
     summary.add_argument("--selfcheck", metavar="PATH", help="JSON written by selfcheck --json")
     summary.add_argument("--annotate", metavar="JUNIT_XML", action="append",
                          help="print a GitHub error annotation for each failed test in this JUnit XML (repeatable)")
+    conform = commands.add_parser(
+        "conformance", help="run one component's suite against --impl and report which contract clauses hold",
+        description="One row per contract clause (harness/clauses.py): held, violated (with the first falsifying "
+                    "example) or not run; core violations (wrong results) first, then strict ones (what the harness "
+                    "requires to raise). Writes Markdown and JSON; exits 1 when a clause is violated.")
+    conform.add_argument("--impl", required=True, metavar="COMPONENT=SPEC",
+                         help="the implementation: reference, mutant:NAME, an engine adapter (sglang) or pkg.mod:attr")
+    conform.add_argument("--device", choices=DEVICE_CHOICES, default="auto")
+    conform.add_argument("--graph-backend", choices=BACKEND_NAMES, default="auto")
+    conform.add_argument("--jobs", type=int, default=1, help="pytest-xdist workers (default 1: no xdist)")
+    conform.add_argument("--hypothesis-profile", default="ci",
+                         help="profile of the suite's property tests (default ci: 25 derandomized examples, shrunk)")
+    conform.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
+                         help="stop the suite after this long and report what finished (the rest: not run)")
+    conform.add_argument("--out", default="conformance", help="folder for the Markdown and JSON (default ./conformance)")
     commands.add_parser("bench", help="benchmarks that print a table and write JSON (bench --help)", add_help=False)
     arguments, rest = parser.parse_known_args(argv)
     if arguments.command != "bench" and rest:
@@ -165,6 +200,8 @@ def main(argv: list[str] | None = None, *, prog: str | None = None) -> int:
             return _selfcheck(arguments)
         if arguments.command == "report":
             return _report(arguments)
+        if arguments.command == "conformance":
+            return _conformance(arguments)
         return _bench(rest)
     except HarnessError as error:
         print(f"error: {error}", file=sys.stderr)

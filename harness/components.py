@@ -16,7 +16,10 @@ the harness and every other module may read it):
 * ``fixture``: the name of the pytest fixture that yields the selected implementation, and
   ``binds_backend``: whether that fixture calls the implementation with the selected graph backend
   first (a capturer factory yields a capturer);
-* ``also_registered``: further names users may select (``--impl gather=eager``).
+* ``also_registered``: further names users may select (``--impl gather=eager``);
+* ``adapters``: engines' shipped code behind the component's interface (``--impl graphs=sglang``):
+  name -> ``loader(*, graph_backend)``, which imports the engine only when selected and returns the
+  implementation, or raises one line saying what to install (:mod:`harness.adapters`).
 
 Adding a component is one new row here plus new files; ``docs/adding-a-component.md`` is the recipe
 and ``tests/test_components.py`` checks every row.
@@ -47,6 +50,7 @@ class Component:
     fixture: str
     binds_backend: bool = False
     also_registered: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    adapters: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 COMPONENTS: tuple[Component, ...] = (
@@ -62,6 +66,7 @@ COMPONENTS: tuple[Component, ...] = (
         doc="docs/graphs.md",
         fixture="graph_capturer",
         binds_backend=True,
+        adapters={"sglang": "harness.adapters.sglang:load_capturer"},
     ),
     Component(
         name="runner",
@@ -89,6 +94,7 @@ COMPONENTS: tuple[Component, ...] = (
         # The oracle is a valid implementation too: the bench compares against it, and pointing the
         # suites at it checks the suites' own plumbing without a compiler.
         also_registered={"eager": "harness.gather.reference:eager_gather"},
+        adapters={"sglang": "harness.adapters.sglang:load_gather"},
     ),
 )
 

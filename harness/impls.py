@@ -2,8 +2,9 @@
 
 Suites never import an implementation directly; they ask for the one selected for their
 component (``--impl COMPONENT=SPEC`` on the command line, the reference otherwise). A SPEC is
-either a registered name (``reference``, ``mutant:<name>``, a component's other registered names)
-or ``package.module:attribute``. What is registered comes from the component table
+either a registered name (``reference``, ``mutant:<name>``, a component's other registered names),
+an engine adapter's name (``sglang``: the engine's shipped code, imported only when selected) or
+``package.module:attribute``. What is registered comes from the component table
 (:mod:`harness.components`) and each component's mutant module; nothing registers itself on import.
 """
 
@@ -31,8 +32,8 @@ __all__ = [
 class Implementation:
     """One candidate for a component.
 
-    ``obj`` is what the component's suites call; ``kind`` is ``reference``, ``mutant`` or
-    ``external``; ``bug`` says, for a mutant, which real bug class it reproduces, and ``backends``
+    ``obj`` is what the component's suites call; ``kind`` is ``reference``, ``mutant``, ``adapter``
+    or ``external``; ``bug`` says, for a mutant, which real bug class it reproduces, and ``backends``
     the graph backends whose kill matrix judges it (empty: all).
     """
 
@@ -131,15 +132,23 @@ def _import_user_module(component: str, spec: str, module_name: str) -> Any:
         ) from None
 
 
-def load(component: str, spec: str = "reference") -> Implementation:
-    """Resolve ``spec`` for ``component`` to a validated :class:`Implementation`."""
-    _row(component)
+def load(component: str, spec: str = "reference", *, graph_backend: str | None = None) -> Implementation:
+    """Resolve ``spec`` for ``component`` to a validated :class:`Implementation`.
+
+    ``graph_backend`` is the selected backend's name, for an adapter that runs on one backend only."""
+    row = _row(component)
+    if spec in row.adapters:
+        # The loader imports the engine; a missing one is its one-line error, not a traceback.
+        obj = _components.resolve(row.adapters[spec])(graph_backend=graph_backend)
+        # No smoke call: an engine's code may need the device the suites select, not the emulated one.
+        return Implementation(component, spec, validate(component, obj, f"{component}={spec}", smoke=False), "adapter")
     if ":" not in spec or spec.startswith("mutant:"):
         registered = implementations(component)
         if spec not in registered:
             raise UsageError(
                 f"--impl {component}={spec}: no registered implementation of that name and not of the form "
                 f"'package.module:attribute'. Registered for {component}: {', '.join(sorted(registered))}"
+                + (f"; engine adapters: {', '.join(sorted(row.adapters))}" if row.adapters else "")
             )
         impl = registered[spec]
         # No smoke call for what the harness registers: a mutant may be too broken to build at all,

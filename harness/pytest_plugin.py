@@ -44,6 +44,8 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
 # same from a checkout and from an installed wheel (under --strict-markers too).
 MARKERS = {
     "subprocess": "runs the case in a child process because it may crash the interpreter",
+    "clause": "clause(ID): the contract clause of the component (harness/clauses.py) a test checks; "
+              "python -m harness conformance reports per clause",
 }
 
 

@@ -277,7 +277,7 @@ def configure(config: pytest.Config) -> None:
         for option in config.getoption("--impl"):
             component, spec = impls.parse_impl_option(option)
             selected[component] = spec
-            impls.load(component, spec)  # fail now, with the reason, rather than in each test
+            impls.load(component, spec, graph_backend=backend.name)  # fail now, with the reason, not in each test
     except HarnessError as error:
         raise pytest.UsageError(str(error)) from None
     config.stash[SESSION_KEY] = HarnessSession(device, backend, selected)
@@ -285,7 +285,8 @@ def configure(config: pytest.Config) -> None:
 
 def selected_implementation(config: pytest.Config, component: str) -> impls.Implementation:
     """The implementation of ``component`` under test: the one ``--impl`` names, else the reference."""
-    return impls.load(component, session_of(config).impl_specs.get(component, "reference"))
+    session = session_of(config)
+    return impls.load(component, session.impl_specs.get(component, "reference"), graph_backend=session.backend.name)
 
 
 def _implementation_fixture(row: components.Component) -> Callable[..., Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -75,6 +76,9 @@ _USAGE_CASES = {
                                        r"--snapshot-update: golden tests need syrupy.*pip install 'syrupy>=5.0'"),
     "golden-without-syrupy": ([], {}, 1, None),
 }
+if importlib.util.find_spec("sglang") is None:  # an engine adapter selected where the engine is missing
+    _USAGE_CASES["adapter-without-engine"] = (["--impl", "gather=sglang"], {}, 4,
+                                              r"--impl gather=sglang needs SGLang.*pip install sglang==0\.5\.23")
 if not torch.cuda.is_available():  # asking for a GPU is only an error where there is none
     _USAGE_CASES["device-cuda"] = (["--device", "cuda"], {}, 4, "--device cuda was requested but .* sees no CUDA device")
     _USAGE_CASES["graph-backend-cuda"] = (["--graph-backend", "cuda"], {}, 4, "--graph-backend cuda was requested but torch sees no CUDA device")

@@ -48,7 +48,7 @@ pytest_collect_file = collect_suite("gather")
 
 # The test is about packaging: every run on the CPU and the emulated backend, on a GPU runner too.
 _CPU = ["--device", "cpu", "--graph-backend", "emulated"]
-_IGNORED = shutil.ignore_patterns(".git", ".venv", ".whl", "build", "dist", "*.egg-info", "__pycache__", ".hypothesis",
+_IGNORED = shutil.ignore_patterns(".git", ".venv", ".whl", ".sglang", "build", "dist", "*.egg-info", "__pycache__", ".hypothesis",
                                   ".pytest_cache", ".ci")
 
 

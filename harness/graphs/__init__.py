@@ -2,7 +2,8 @@
 
 ``get_backend("auto" | "cuda" | "emulated")`` picks a backend; ``GraphCapturer(backend)`` captures
 functions into :class:`BreakableGraph` objects; :func:`eager_on_graph` and :func:`break_graph`
-mark where a capture breaks for eager work.
+mark where a capture breaks for eager work, and any capturer receives those calls during its own
+capture through :func:`receive_breaks` (the break seam; ``docs/graphs.md`` has an adapter).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from harness.graphs._breakable import (
 from harness.graphs._capture_rules import HOST_SYNC_OPS, check_capturable
 from harness.graphs._cuda import CudaBackend
 from harness.graphs._emulated import EmulatedBackend
+from harness.graphs._seam import INLINE_BREAKS, BreakReceiver, current_break_receiver, receive_breaks
 
 __all__ = [
     "BACKEND_NAMES",
@@ -43,6 +45,10 @@ __all__ = [
     "break_graph",
     "is_capturing",
     "run_outside_graph",
+    "receive_breaks",
+    "BreakReceiver",
+    "INLINE_BREAKS",
+    "current_break_receiver",
     "write_back",
     "copy_tensor",
     "check_capturable",

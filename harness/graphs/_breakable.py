@@ -6,22 +6,31 @@ and each break runs eagerly again, its new outputs written back in place into th
 returned at capture (later segments, and the caller, hold those). Outside a capture a break is a
 plain call. :class:`GraphCapturer` is the reference implementation of the ``graphs`` component;
 its ``session_class`` and ``graph_class`` are the seams mutants and other implementations override.
+A capture receives the break calls through the public seam of :mod:`harness.graphs._seam`
+(:func:`~harness.graphs.receive_breaks`), the same one an engine's adapter uses.
 """
 
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import dataclasses
 import enum
 import functools
 import types
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Callable, Iterator
 
 import torch
 
 from harness.errors import CaptureError, ReplayError
 from harness.graphs._backend import GraphBackend, Segment, SegmentRecording
+from harness.graphs._seam import (
+    INLINE_BREAKS,
+    break_graph,
+    current_break_receiver,
+    eager_on_graph,
+    is_capturing,
+    receive_breaks,
+)
 
 __all__ = [
     "eager_on_graph",
@@ -36,62 +45,13 @@ __all__ = [
     "GraphCapturer",
 ]
 
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-class _InsideBreak:
-    """Marks that a break body is running: breaks called from it run inline."""
-
-
-_INSIDE_BREAK = _InsideBreak()
-# Per thread and per asyncio context, so two threads can capture independently.
-_ACTIVE: contextvars.ContextVar[Any] = contextvars.ContextVar("harness_active_capture", default=None)
-
-
-def is_capturing() -> bool:
-    """True while a capture (not a break body inside it) is running in this context."""
-    return isinstance(_ACTIVE.get(), CaptureSession)
-
-
-def eager_on_graph(fn: F | None = None, *, enable: bool = True) -> Any:
-    """Mark ``fn`` (function or method) as an eager break of any capture that calls it.
-
-    ``enable=False`` makes it a plain call (handy to compare the broken and unbroken graphs).
-    """
-
-    def decorate(function: F) -> F:
-        if not enable:
-            return function
-
-        @functools.wraps(function)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            session = _ACTIVE.get()
-            if isinstance(session, CaptureSession):
-                return session.run_break(function, args, kwargs)
-            return function(*args, **kwargs)
-
-        wrapper.__eager_on_graph__ = True  # type: ignore[attr-defined]
-        return wrapper  # type: ignore[return-value]
-
-    return decorate(fn) if fn is not None else decorate
-
-
-@eager_on_graph
-def _empty_break() -> None:
-    return None
-
-
-def break_graph() -> None:
-    """Insert an empty break: the current segment ends here and a new one begins."""
-    _empty_break()
-
 
 def run_outside_graph(fn: Callable[[], Any]) -> Any:
     """Run ``fn`` outside the graph being captured in this context: its work happens once, now, is
     not replayed, and what it allocates lies outside the graph's pool (:meth:`CaptureSession.run_uncaptured`);
     a plain call when nothing is being captured. Almost always a bug inside a captured region (the
     graph keeps reading the capture-time result): it exists to build such bugs on purpose."""
-    session = _ACTIVE.get()
+    session = current_break_receiver()
     if isinstance(session, CaptureSession):
         return session.run_uncaptured(fn)
     return fn()
@@ -371,20 +331,22 @@ class CaptureSession:
             self._recording = self.backend.begin_segment(self.pool)
 
     def publish(self) -> Any:
-        """Make this the capture of the current context; returns the token :meth:`retract` takes."""
-        return _ACTIVE.set(self)
+        """Make this session the receiver of the current context's breaks (the public seam,
+        :func:`~harness.graphs.receive_breaks`); returns the token :meth:`retract` takes."""
+        token = receive_breaks(self)
+        token.__enter__()
+        return token
 
     def retract(self, token: Any, *, failed: bool) -> None:
         """Undo :meth:`publish`; runs on every exit of the capture, ``failed`` when it raised."""
-        _ACTIVE.reset(token)
+        token.__exit__(None, None, None)
 
     def run_break(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Receive one break call (:class:`~harness.graphs.BreakReceiver`): end the segment, run the
+        body eagerly with its own breaks inline, record it, begin the next segment."""
         self.end_segment()
-        token = _ACTIVE.set(_INSIDE_BREAK)
-        try:
+        with receive_breaks(INLINE_BREAKS):
             output = fn(*args, **kwargs)
-        finally:
-            _ACTIVE.reset(token)
         self.steps.append(Break(fn, args, kwargs, output))
         self.begin_segment()
         return output
@@ -469,7 +431,7 @@ class GraphCapturer:
         return self.backend.new_pool()
 
     def check_not_capturing(self) -> None:
-        if _ACTIVE.get() is not None:
+        if current_break_receiver() is not None:
             raise CaptureError(
                 "capture is not re-entrant: a capture (or a break body) is already running in this context"
             )

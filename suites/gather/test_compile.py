@@ -9,10 +9,13 @@ reference's exact counts are a golden per torch minor version (``golden/gather/t
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from harness.compare import assert_equivalent
 from harness.gather import COMPILED_GRAPH_BUDGET, GatherCase, compile_accounting, eager_gather
+
+pytestmark = pytest.mark.clause("compile-bounded")
 
 _COUNTS = (0, 1, 2, 3, 17, 777, 5, 1, 0, 2048, 64, 1023, 3)
 _DEFAULT_RECOMPILE_LIMIT = 8  # dynamo's default: what an engine runs with

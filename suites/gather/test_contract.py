@@ -18,17 +18,21 @@ from harness.gather import BufferSpec, GatherCase, eager_gather, gather_dtypes
 from harness.gather.cases import SOURCE_LAYOUTS
 from harness.gather.strategies import gather_cases
 
+pytestmark = pytest.mark.clause("bit-identical")
+
 
 def test_typical_decode_step(check_gather):
     # The shapes an engine sees: fp32 top-k probabilities, int64 ids, bf16 hidden states, an odd count.
     check_gather(GatherCase(pool=48, count=7, seed=1))
 
 
+@pytest.mark.clause("no-hidden")
 def test_missing_hidden_buffer_gives_none(check_gather):
     actual = check_gather(GatherCase(pool=48, count=7, seed=2, hidden=None))
     assert actual[3] is None, f"hidden_states_buf=None must give hidden_states=None, got {type(actual[3]).__name__}"
 
 
+@pytest.mark.clause("layouts")
 @pytest.mark.parametrize("layout", [layout for layout in SOURCE_LAYOUTS if layout != "contiguous"])
 def test_strided_and_offset_sources(check_gather, layout):
     spec = lambda trailing, dtype: BufferSpec(trailing, dtype, layout)  # noqa: E731
@@ -60,11 +64,13 @@ def test_empty_indices_keep_trailing_dims(check_gather, index_dtype):
     assert shapes == [(0, 8), (0, 8), (0,), (0, 3, 7)], f"empty gather lost its trailing dims: {shapes}"
 
 
+@pytest.mark.clause("fresh-outputs")
 def test_full_arange_gives_new_tensors(check_gather):
     # Reading every slot in order is the case where returning the buffer itself is tempting.
     check_gather(GatherCase(pool=24, count=24, seed=6, index_values=tuple(range(24))))
 
 
+@pytest.mark.clause("fresh-outputs")
 def test_duplicates_give_new_tensors(check_gather):
     check_gather(GatherCase(pool=24, count=6, seed=7, index_values=(5, 5, 5, 0, 23, 5)))
 
@@ -91,6 +97,7 @@ def test_matches_eager_oracle_over_the_contract(check_gather, with_hidden, data)
     check_gather(data.draw(gather_cases(with_hidden=with_hidden), label="case"))
 
 
+@pytest.mark.clause("index-domain")
 @pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32], ids=str)
 def test_negative_indices_in_range_wrap(check_gather, index_dtype):
     """In-range negative indices are safe to run in-process (no kernel reads out of bounds on them)
@@ -99,6 +106,7 @@ def test_negative_indices_in_range_wrap(check_gather, index_dtype):
     check_gather(GatherCase(pool=17, count=len(values), seed=11, index_dtype=index_dtype, index_values=values))
 
 
+@pytest.mark.clause("fresh-outputs")
 @pytest.mark.parametrize("next_count", [6, 3], ids=["same-count", "other-count"])
 def test_results_outlive_the_next_call(gather_function, device, failure_context, next_count):
     """A caller keeps one step's extras while the next step gathers (the relay hands them to the

@@ -14,6 +14,8 @@ from harness.gather import GatherCase, eager_gather
 from harness.gather.cases import random_values
 from harness.graphs import GraphCapturer
 
+pytestmark = pytest.mark.clause("in-graph")
+
 
 @pytest.mark.parametrize("with_hidden", [True, False], ids=["hidden", "no-hidden"])
 def test_replay_after_refilling_indices_and_sources(gather_function, graph_backend, device, failure_context,

@@ -16,6 +16,8 @@ from harness.compare import format_context
 from harness.gather import GatherCase
 from harness.gather.probe import ProbeCase, probe
 
+pytestmark = pytest.mark.clause("index-domain")
+
 _POOL = 17
 _CASES = {
     # name: (index values, index dtype, required outcome). One buffer set (hidden states included)

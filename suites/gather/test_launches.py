@@ -12,6 +12,8 @@ import pytest
 
 from harness.gather import GatherCase, count_launches, eager_gather, promised_launches
 
+pytestmark = pytest.mark.clause("launch-promise")
+
 
 @pytest.mark.parametrize("with_hidden", [True, False], ids=["hidden", "no-hidden"])
 def test_kernel_launches(gather_function, implementation_under_test, device, record_property, with_hidden):

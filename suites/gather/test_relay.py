@@ -18,6 +18,8 @@ from harness.compare import assert_equivalent
 from harness.errors import GatherContractError
 from harness.gather import SpecExtrasRelay, eager_gather
 
+pytestmark = pytest.mark.clause("relay")
+
 
 def _stash_random(relays: list[SpecExtrasRelay], slots: torch.Tensor, generator: torch.Generator) -> None:
     relay = relays[0]
@@ -65,6 +67,7 @@ def test_relay_matches_eager_relay(gather_function, device, failure_context, poo
                           context={"problem": "relay buffers differ after resolve", **context})
 
 
+@pytest.mark.clause("relay-misuse")
 def test_resolving_a_never_stashed_slot_is_caught(gather_function, device):
     relay = SpecExtrasRelay(8, topk=2, hidden_size=4, device=device, gather=gather_function)
     relay.stash(torch.tensor([1, 2], device=device), topk_p=torch.rand(2, 2, device=device),
@@ -74,6 +77,7 @@ def test_resolving_a_never_stashed_slot_is_caught(gather_function, device):
         relay.resolve(torch.tensor([2, 5], device=device))
 
 
+@pytest.mark.clause("relay-misuse")
 def test_resolving_a_slot_twice_is_caught(gather_function, device):
     relay = SpecExtrasRelay(8, topk=2, device=device, gather=gather_function)
     relay.stash(torch.tensor([3], device=device), topk_p=torch.rand(1, 2, device=device),
@@ -85,6 +89,7 @@ def test_resolving_a_slot_twice_is_caught(gather_function, device):
         relay.resolve(torch.tensor([3], device=device))
 
 
+@pytest.mark.clause("fresh-outputs")
 def test_resolved_extras_outlive_the_next_resolve(gather_function, device):
     """The scheduler holds one step's resolved extras while the next step stashes and resolves."""
     relay = SpecExtrasRelay(16, topk=3, hidden_size=5, device=device, gather=gather_function)

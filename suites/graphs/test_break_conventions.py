@@ -36,6 +36,8 @@ from harness.compare import assert_equivalent
 from harness.errors import GraphHazardError, ReplayError
 from harness.graphs import eager_on_graph, is_capturing
 
+pytestmark = pytest.mark.clause("replay-equals-eager")
+
 SEGMENT_OPS = ("add_input", "scale_by_metadata", "add_metadata_dict_bias", "tanh", "matmul", "inplace_mul",
                "gather_rows_by_slots")
 CONVENTIONS = ("positional", "keyword", "list", "tuple", "dict", "metadata_object", "metadata_dict")
@@ -378,7 +380,10 @@ def _program(steps, output: str, *, rows: int = 4, width: int = 3, input_count: 
     return Program(tuple(steps), output, rows, width, input_count)
 
 
-@pytest.mark.parametrize("returns", RETURNS)
+# The clause a case checks: a plain tensor result exercises how the break is called (live-breaks);
+# any other result structure, how it is written back.
+@pytest.mark.parametrize("returns", [pytest.param(returns, marks=pytest.mark.clause(
+    "live-breaks" if returns == "tensor" else "write-back")) for returns in RETURNS])
 @pytest.mark.parametrize("convention", CONVENTIONS)
 def test_every_calling_convention_and_return_structure(graph_capturer, device, exact, failure_context,
                                                        convention, returns):
@@ -392,7 +397,8 @@ def test_every_calling_convention_and_return_structure(graph_capturer, device, e
     check_program(graph_capturer, program, seed=7, device=device, exact=exact, context=failure_context)
 
 
-@pytest.mark.parametrize("kind", FAULTS)
+@pytest.mark.parametrize("kind", [pytest.param(kind, marks=pytest.mark.clause(
+    "changes-raise" if kind == "wrong_shape" else "fault-recovery")) for kind in FAULTS])
 @pytest.mark.parametrize("faulty_break", [0, 1, 2])
 def test_break_fault_at_replay_then_recovery(graph_capturer, device, exact, failure_context, kind, faulty_break):
     """A break (or the write-back into the next segment's inputs) fails at one replay; the next replay
@@ -450,6 +456,7 @@ OUTPUT_CHANGES: dict[str, Callable[[dict[str, Any]], None]] = {
 }
 
 
+@pytest.mark.clause("changes-raise")
 @pytest.mark.parametrize("change", sorted(OUTPUT_CHANGES))
 def test_break_output_change_at_replay_raises_then_recovers(graph_capturer, make_tensor, exact, failure_context,
                                                             change):

@@ -26,6 +26,8 @@ from harness.compare import assert_equivalent
 from harness.errors import CaptureError
 from harness.graphs import eager_on_graph
 
+pytestmark = pytest.mark.clause("write-back")
+
 
 @dataclasses.dataclass
 class Plan:
@@ -97,6 +99,7 @@ def test_tensorless_break_output_is_the_graph_output(graph_capturer, make_tensor
             k=k, returned=graph.output, held=handle, expected=expected)
 
 
+@pytest.mark.clause("immutable-values-refused")
 @pytest.mark.parametrize("output", ["int", "tuple_with_a_count", "nested_tuple_with_a_flag"])
 def test_python_value_outside_a_container_is_refused_at_capture(graph_capturer, make_tensor, output):
     """An int returned bare, or inside tuples only, can never be updated in place: the holders of the
@@ -171,6 +174,7 @@ def _generator_states(device: torch.device) -> list[torch.Tensor]:
     return states
 
 
+@pytest.mark.clause("live-breaks")
 def test_random_draws_inside_a_break_are_fresh_and_in_the_eager_stream(graph_capturer, make_tensor, device, exact,
                                                                         failure_context):
     """A sampler or dropout in an eager region: each replay draws new numbers, exactly those eager

@@ -11,6 +11,8 @@ from harness.compare import assert_equivalent
 from harness.errors import ReplayError
 from harness.graphs import break_graph, eager_on_graph, is_capturing
 
+pytestmark = pytest.mark.clause("live-breaks")
+
 
 class _Pack:
     """An object with tensor attributes and a plain attribute, as engines return from attention."""
@@ -20,6 +22,7 @@ class _Pack:
         self.step = step
 
 
+@pytest.mark.clause("accounting")
 def test_counts_and_names(graph_capturer, make_tensor):
     x = make_tensor(4, seed=1)
 
@@ -98,6 +101,7 @@ def test_every_replay_reruns_every_break(graph_capturer, make_tensor):
     assert calls == {"first": before["first"] + 2, "last": before["last"] + 2}
 
 
+@pytest.mark.clause("write-back")
 @pytest.mark.parametrize("kind", ["tensor", "tuple", "list", "dict", "object"])
 def test_break_outputs_are_written_back_for_every_kind(graph_capturer, make_tensor, exact, kind):
     x = make_tensor(4, 2, seed=6)
@@ -153,6 +157,7 @@ def test_break_outputs_are_written_back_for_every_kind(graph_capturer, make_tens
         assert_equivalent(downstream, h * 2 + 1, exact=exact)
 
 
+@pytest.mark.clause("changes-raise")
 def test_break_changing_output_shape_at_replay_is_an_error(graph_capturer, make_tensor):
     x = make_tensor(4, seed=8)
     size = {"n": 4}
@@ -167,6 +172,7 @@ def test_break_changing_output_shape_at_replay_is_an_error(graph_capturer, make_
         graph.replay()
 
 
+@pytest.mark.clause("nested-breaks-inline")
 def test_break_called_inside_a_break_runs_inline(graph_capturer, make_tensor, exact):
     x = make_tensor(3, seed=9)
 
@@ -185,6 +191,7 @@ def test_break_called_inside_a_break_runs_inline(graph_capturer, make_tensor, ex
     assert_equivalent(graph.replay(), (x + 1) * 2 - 1, exact=exact)
 
 
+@pytest.mark.clause("frozen-capture")
 def test_disabled_break_is_captured_like_plain_code(graph_capturer, make_tensor, exact):
     x = make_tensor(3, seed=11)
 
@@ -228,6 +235,7 @@ def test_outside_a_capture_a_break_is_a_plain_call(make_tensor):
     break_graph()  # no capture: nothing to break, nothing raised
 
 
+@pytest.mark.clause("per-thread")
 def test_capture_state_is_per_thread(graph_capturer, make_tensor):
     x = make_tensor(3, seed=15)
     seen = {}

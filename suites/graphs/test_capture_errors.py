@@ -12,6 +12,8 @@ from harness.compare import assert_equivalent
 from harness.errors import CaptureError
 from harness.graphs import eager_on_graph, is_capturing
 
+pytestmark = pytest.mark.clause("capture-rules")
+
 HOST_SYNC_PROGRAMS = {
     "item": lambda x: x * x.sum().item(),
     "bool": lambda x: x * 2 if bool(x.sum() > 0) else x,
@@ -60,6 +62,7 @@ class _Interrupt(BaseException):
     pass
 
 
+@pytest.mark.clause("capture-failure-clean")
 @pytest.mark.parametrize("error_type", [ValueError, _Interrupt])
 @pytest.mark.parametrize("where", ["segment", "break"])
 def test_exception_during_capture_propagates_and_leaves_no_state(graph_capturer, make_tensor, error_type, where):
@@ -80,6 +83,7 @@ def test_exception_during_capture_propagates_and_leaves_no_state(graph_capturer,
     _assert_capture_usable_afterwards(graph_capturer, make_tensor)
 
 
+@pytest.mark.clause("not-reentrant")
 def test_nested_capture_raises(graph_capturer, make_tensor):
     x = make_tensor(4, seed=5)
 
@@ -92,6 +96,7 @@ def test_nested_capture_raises(graph_capturer, make_tensor):
     _assert_capture_usable_afterwards(graph_capturer, make_tensor)
 
 
+@pytest.mark.clause("not-reentrant")
 def test_capture_inside_a_break_body_raises(graph_capturer, make_tensor):
     x = make_tensor(4, seed=6)
 
@@ -148,6 +153,7 @@ FAILED_CAPTURES = {
 }
 
 
+@pytest.mark.clause("capture-failure-clean")
 @pytest.mark.parametrize("how", sorted(FAILED_CAPTURES))
 def test_failed_capture_restores_compile_stance_dynamo_and_allocator_state(graph_capturer, make_tensor, device,
                                                                             failure_context, how):

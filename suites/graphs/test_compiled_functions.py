@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch._dynamo.testing import CompileCounter
 
 from harness.compare import assert_equivalent
+
+pytestmark = pytest.mark.clause("replay-equals-eager")
 
 
 def test_compiled_function_replays_and_still_compiles_after_capture(graph_capturer, make_tensor, exact):

@@ -10,6 +10,8 @@ import torch
 from harness.compare import assert_equivalent
 from harness.errors import GraphHazardError
 
+pytestmark = pytest.mark.clause("frozen-capture")
+
 
 def test_python_branch_is_frozen_at_capture(graph_capturer, make_tensor):
     x = make_tensor(4, 3, seed=1)
@@ -81,6 +83,7 @@ def test_tensors_created_inside_capture_are_refreshed(graph_capturer, make_tenso
     assert_equivalent(graph.replay(), x.clone(), exact=True)
 
 
+@pytest.mark.clause("pools")
 def test_graphs_sharing_a_pool_replay_independently(graph_capturer, make_tensor):
     pool = graph_capturer.new_pool()
     x = make_tensor(8, seed=14)
@@ -93,6 +96,7 @@ def test_graphs_sharing_a_pool_replay_independently(graph_capturer, make_tensor)
     assert_equivalent(second.output, (x + 1) * 3, exact=True)
 
 
+@pytest.mark.clause("hazards")
 def test_released_external_tensor_is_reported_as_hazard(graph_capturer, graph_backend, make_tensor):
     if graph_backend.name != "emulated":
         pytest.skip("only the emulated backend can see released memory; CUDA silently reads whatever is there")
@@ -105,6 +109,7 @@ def test_released_external_tensor_is_reported_as_hazard(graph_capturer, graph_ba
         graph.replay()
 
 
+@pytest.mark.clause("pools")
 def test_graphs_captured_without_a_pool_do_not_share_memory(graph_capturer, graph_backend, make_tensor):
     """Only graphs given one pool may share memory (and must then replay in capture order). Two graphs
     captured with no pool are independent: replaying one never changes the other's output, even where

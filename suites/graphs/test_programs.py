@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
 from harness.compare import assert_equivalent
 from harness.graphs import eager_on_graph
+
+pytestmark = pytest.mark.clause("replay-equals-eager")
 
 OPS = ("add_input", "scale", "relu", "tanh", "matmul", "center", "transpose_view", "inplace_mul",
        "slice_add", "softmax", "break")

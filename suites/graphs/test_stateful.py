@@ -10,6 +10,8 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, rule
 from harness.compare import assert_equivalent
 from harness.graphs import eager_on_graph
 
+pytestmark = pytest.mark.clause("replay-equals-eager")
+
 
 @eager_on_graph
 def _gate(h: torch.Tensor) -> torch.Tensor:

@@ -14,6 +14,8 @@ import torch
 
 from harness.compare import assert_equivalent
 
+pytestmark = pytest.mark.clause("warm-up")
+
 
 class LazyState:
     """A callable that builds a cached table and a device-side call counter on its first call."""

@@ -1,0 +1,78 @@
+"""Pytest plugin loaded into the child process of ``python -m harness conformance``
+(``-p harness._conformance_plugin``).
+
+It gives every collected test the contract clause it checks (its nearest ``clause`` marker: a
+parameter's, the test's, then its module's) as a user property, so the clause travels with each
+report through pytest-xdist, and appends one JSON line per test phase to the file named by
+``HARNESS_CONFORMANCE_RECORD``: node id, clause, outcome, and for a failure its message, the
+falsifying example and the command that reproduces it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Any
+
+import pytest
+
+from harness.clauses import MARKER
+
+_RECORD = "HARNESS_CONFORMANCE_RECORD"
+# Where hypothesis's falsifying example starts in a failure (the wording moved between versions),
+# and where its own advice after the example starts.
+_EXAMPLE_START = re.compile(r"^(?:Falsifying (?:explicit )?example:|Failing test case:|state = )", re.MULTILINE)
+_EXAMPLE_END = re.compile(r"^(?:Explanation:|You can reproduce|@reproduce_failure|Trying example:)", re.MULTILINE)
+_REPRODUCE = re.compile(r"^-+ reproduce -+\n(.+)$", re.MULTILINE)
+
+
+def clause_of(item: pytest.Item) -> str | None:
+    """The clause ``item`` checks: a parameter's marker first, then the nearest (test, class, module)."""
+    for mark in getattr(getattr(item, "callspec", None), "marks", None) or ():
+        if mark.name == MARKER and mark.args:
+            return str(mark.args[0])
+    marker = item.get_closest_marker(MARKER)
+    return str(marker.args[0]) if marker is not None and marker.args else None
+
+
+def _append(record: dict[str, Any]) -> None:
+    target = os.environ.get(_RECORD)
+    if target:
+        with open(target, "a") as handle:  # one short line per write: appends from xdist workers do not interleave
+            handle.write(json.dumps(record) + "\n")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        clause = clause_of(item)
+        item.user_properties.append(("clause", clause))
+        _append({"collected": item.nodeid, "clause": clause})
+
+
+def failure_details(report: pytest.TestReport) -> dict[str, str]:
+    """The crash message, hypothesis's falsifying example and the reproduce command of a failed report."""
+    text = report.longreprtext or ""
+    crash = getattr(report.longrepr, "reprcrash", None)
+    message = getattr(crash, "message", None) or (text.strip().splitlines() or [""])[-1]
+    example = ""
+    start = _EXAMPLE_START.search(message)
+    if start is not None:
+        message, rest = message[:start.start()], message[start.start():]
+        end = _EXAMPLE_END.search(rest)
+        example = (rest[:end.start()] if end else rest).strip()
+    reproduce = _REPRODUCE.search(text)
+    return {"message": message.strip(), "example": example,
+            "reproduce": reproduce.group(1).strip() if reproduce else ""}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    clause = dict(report.user_properties).get("clause")
+    record: dict[str, Any] = {"nodeid": report.nodeid, "when": report.when, "outcome": report.outcome,
+                              "clause": clause}
+    if report.failed:
+        record.update(failure_details(report))
+    elif report.skipped:
+        longrepr = report.longrepr
+        record["reason"] = str(longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else longrepr)
+    _append(record)

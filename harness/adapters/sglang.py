@@ -1,0 +1,192 @@
+"""SGLang's shipped code under the harness's suites: ``--impl graphs=sglang``, ``--impl gather=sglang``.
+
+* ``graphs``: SGLang's breakable CUDA graph (``BreakableCUDAGraph``, ``BreakableCUDAGraphCapture``,
+  ``eager_on_graph`` from ``sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph``)
+  behind the harness's capturer interface. The harness's break markers reach SGLang's own
+  ``eager_on_graph`` through the public break seam (:func:`harness.graphs.receive_breaks`).
+* ``gather``: SGLang's ``gather_spec_extras`` (``sglang.kernels.ops.speculative.gather_spec_extras``),
+  whose signature is the harness's: the adapter only finds it by name.
+
+Everything here is a bridge (names, error types, pool and stream set-up as SGLang's
+``BreakableCudaGraphBackend`` and its runners do it); what the engine computes, writes back or
+raises is the engine's. The version the bridges were written against is :data:`SGLANG_VERSION`.
+SGLang is imported only when an adapter is selected; where it is not importable the selection
+stops with one line saying what to install.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import importlib.metadata
+from typing import Any, Callable
+
+import torch
+
+from harness.errors import ImplementationError, UsageError
+from harness.graphs import GraphBackend, receive_breaks
+
+__all__ = ["SGLANG_VERSION", "SGLangCapturer", "SGLangGraph", "load_capturer", "load_gather", "engine_version"]
+
+SGLANG_VERSION = "0.5.23"
+BREAKABLE_MODULE = "sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph"
+GATHER_MODULE = "sglang.kernels.ops.speculative.gather_spec_extras"
+_INSTALL = (f"pip install sglang=={SGLANG_VERSION} (the release these adapters target), or put a folder of its "
+            "modules on PYTHONPATH (.ci/gpu/extract-sglang makes one from the release wheel)")
+
+
+def _import(spec: str, module: str) -> Any:
+    """Import one of SGLang's modules by its public path; any failure is one line saying what to install."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as error:
+        if error.name and (error.name == "sglang" or module.startswith(error.name + ".")):
+            raise ImplementationError(f"--impl {spec} needs SGLang, which is not importable here ({error}): "
+                                      f"{_INSTALL}") from None
+        raise ImplementationError(f"--impl {spec}: importing SGLang's {module} failed: it imports {error.name!r}, "
+                                  f"which is not installed; {_INSTALL}, with its dependencies") from None
+    except Exception as error:  # noqa: BLE001 - whatever the engine's import raises, in one line
+        from harness.candidates import describe_exception
+
+        raise ImplementationError(f"--impl {spec}: importing SGLang's {module} failed: "
+                                  f"{describe_exception(error)}; {_INSTALL}") from None
+
+
+def engine_version() -> str:
+    """The SGLang version importable here (the installed distribution's, else the package's own)."""
+    try:
+        return importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        return str(getattr(importlib.import_module("sglang"), "__version__", "unknown"))
+
+
+# --- graphs ----------------------------------------------------------------------------------------
+
+
+class _ForwardBreaks:
+    """The break receiver of one capture: each harness break call goes to SGLang's ``eager_on_graph``.
+
+    Bridge (names): SGLang marks breaks with its own decorator, which reads SGLang's active capture
+    when called; decorating the harness's break body at call time is the same as decorating it
+    where it is defined. Nested breaks, re-entrant captures and write-back are SGLang's to handle.
+    """
+
+    def __init__(self, mark: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+        self._mark = mark
+        self.names: list[str] = []
+
+    def run_break(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        self.names.append(getattr(fn, "__qualname__", repr(fn)))
+        return self._mark(fn)(*args, **kwargs)
+
+
+class SGLangGraph:
+    """A captured SGLang ``BreakableCUDAGraph`` with the harness's graph interface."""
+
+    def __init__(self, graph: Any, output: Any, break_names: list[str], breakable: Any) -> None:
+        self._graph = graph
+        self._breakable = breakable
+        self.output = output
+        self.break_names = list(break_names)
+
+    @property
+    def break_count(self) -> int:
+        return len(self.break_names)
+
+    @property
+    def segment_count(self) -> int:
+        # Bridge (names): SGLang opens a segment when the capture begins and after every break, and
+        # closes one at every break and at the end; its container keeps the count private.
+        return self.break_count + 1
+
+    def replay(self) -> Any:
+        # Bridge: SGLang's BreakableCudaGraphBackend replays inside enable_breakable_cuda_graph() (its
+        # replay_session) and hands back the objects the capture returned; replay() itself returns None.
+        with self._breakable.enable_breakable_cuda_graph():
+            self._graph.replay()
+        return self.output
+
+    def __repr__(self) -> str:
+        return f"<SGLangGraph {self.segment_count} segments, {self.break_count} breaks>"
+
+
+class SGLangCapturer:
+    """The harness's capturer interface over SGLang's ``BreakableCUDAGraphCapture``."""
+
+    def __init__(self, backend: GraphBackend) -> None:
+        if backend.name != "cuda":
+            raise UsageError(_NEEDS_CUDA)
+        self._breakable = _import("graphs=sglang", BREAKABLE_MODULE)
+        self.backend = backend
+        self.device = torch.device(getattr(backend, "device", None) or "cuda")
+        # Bridge (stream): SGLang's runners capture every graph on one dedicated capture stream
+        # (get_or_create_global_graph_capture_stream) that first waits for the caller's stream.
+        self._stream = torch.cuda.Stream(device=self.device)
+
+    def new_pool(self) -> Any:
+        # Bridge (pool): SGLang's get_or_create_global_graph_memory_pool is the device module's
+        # graph_pool_handle(), made once and shared by every graph of the runner.
+        return torch.cuda.graph_pool_handle()
+
+    def capture(self, fn: Callable[[], Any], *, pool: Any = None, warmup_runs: int = 1) -> SGLangGraph:
+        breakable = self._breakable
+        pool = self.new_pool() if pool is None else pool
+        graph = breakable.BreakableCUDAGraph()
+        receiver = _ForwardBreaks(breakable.eager_on_graph)
+        caller = torch.cuda.current_stream(self.device)
+        self._stream.wait_stream(caller)
+        # Bridge (capture set-up): SGLang's runner collects garbage and keeps the collector from
+        # destroying graphs while a capture runs (freeze_gc); destroying one would end the capture.
+        gc.collect()
+        collector_was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            with torch.cuda.device(self.device), torch.cuda.stream(self._stream):
+                # Bridge (warm-up): BreakableCudaGraphBackend.capture_one synchronises and runs the
+                # forward eagerly before capturing; the harness's interface says how many times.
+                for _ in range(warmup_runs):
+                    torch.cuda.synchronize(self.device)
+                    fn()
+                torch.cuda.synchronize(self.device)
+                # Bridge (names): capture_session/replay_session wrap capture in enable_breakable_cuda_graph().
+                with breakable.enable_breakable_cuda_graph(), receive_breaks(receiver), \
+                        breakable.BreakableCUDAGraphCapture(cuda_graph=graph, pool=pool, stream=self._stream):
+                    output = fn()
+        except BaseException as error:
+            # Bridge (error types): a CUDA capture failure (a host sync, a copy to the host) becomes
+            # the harness's CaptureError, as the harness's own CUDA backend reports it; other
+            # exceptions, SGLang's own included, propagate as they are.
+            translated = self.backend.translate_errors(error)
+            if translated is not error:
+                raise translated from error
+            raise
+        finally:
+            caller.wait_stream(self._stream)
+            if collector_was_enabled:
+                gc.enable()
+        return SGLangGraph(graph, output, receiver.names, breakable)
+
+
+_NEEDS_CUDA = ("--impl graphs=sglang captures real CUDA graphs with SGLang's BreakableCUDAGraph, which the "
+               "emulated backend cannot stand in for: run with --device cuda --graph-backend cuda on a GPU")
+
+
+def load_capturer(*, graph_backend: str | None = None) -> type[SGLangCapturer]:
+    """The ``graphs`` adapter (``--impl graphs=sglang``): checks SGLang imports, and that the selected
+    graph backend is CUDA, then returns the capturer class (called with the backend)."""
+    _import("graphs=sglang", BREAKABLE_MODULE)
+    if graph_backend is not None and graph_backend != "cuda":
+        raise UsageError(_NEEDS_CUDA)
+    return SGLangCapturer
+
+
+# --- gather ----------------------------------------------------------------------------------------
+
+
+def load_gather(*, graph_backend: str | None = None) -> Callable[..., Any]:
+    """The ``gather`` adapter (``--impl gather=sglang``): SGLang's ``gather_spec_extras`` itself.
+
+    Bridge (names): its signature is the harness's gather contract, so nothing is wrapped; the
+    engine's function is what the suites call, on whatever device they select.
+    """
+    return _import("gather=sglang", GATHER_MODULE).gather_spec_extras

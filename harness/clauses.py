@@ -1,0 +1,117 @@
+"""The contract clauses of each component, as its doc's contract section states them.
+
+A suite's test names the clause it checks with ``@pytest.mark.clause("ID")`` (on the test, on one
+of its parameters, or on its module as ``pytestmark``; the nearest wins), and ``python -m harness
+conformance`` reports one row per clause (:mod:`harness.conformance`). Each clause has a tier:
+
+* **core**: a violation gives wrong results (stale reads, silent broadcast or cast, lost write-back,
+  made-up data);
+* **strict**: the harness's stance on what must raise or be reported, where an engine may document
+  the case as undefined or fail in its own way.
+
+The doc of each component shows every clause's id and tier beside the bullet that states it
+(``tests/test_clauses.py`` checks doc, table and suites agree).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from harness.errors import UsageError
+
+__all__ = ["Clause", "CORE", "STRICT", "TIERS", "CLAUSES", "MARKER", "clauses_of", "get_clause"]
+
+CORE, STRICT = "core", "strict"
+TIERS = {
+    CORE: "a violation gives wrong results (stale reads, silent broadcast or cast, lost write-back, made-up data)",
+    STRICT: "the harness's stance on what must raise or be reported; an engine may document the case as undefined",
+}
+MARKER = "clause"
+
+
+@dataclasses.dataclass(frozen=True)
+class Clause:
+    """One clause of a component's contract: ``id`` as tests name it, its tier, and what it says."""
+
+    component: str
+    id: str
+    tier: str
+    summary: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.component}:{self.id}"
+
+
+def _table(component: str, *rows: tuple[str, str, str]) -> tuple[Clause, ...]:
+    return tuple(Clause(component, clause_id, tier, summary) for clause_id, tier, summary in rows)
+
+
+CLAUSES: dict[str, tuple[Clause, ...]] = {
+    "graphs": _table(
+        "graphs",
+        ("replay-equals-eager", CORE, "after the static inputs are refilled in place, a replay equals the function "
+                                      "run eagerly (random programs, state machines, compiled code)"),
+        ("frozen-capture", CORE, "captured code is frozen: Python control flow and scalars keep their capture-time "
+                                 "values, new tensor objects are ignored, views, in-place updates, RNG and tensors "
+                                 "made inside the capture replay"),
+        ("live-breaks", CORE, "every break runs again at every replay, in capture order, with the same argument "
+                              "objects, seeing this replay's values however it was called; random draws in a "
+                              "break are fresh and in the eager generator stream"),
+        ("write-back", CORE, "break outputs are written back in place into the objects returned at capture "
+                             "(tensors, views element by element, lists, tuples, dicts, objects with __dict__ or "
+                             "__slots__, the Python values they hold); graph.output is refreshed in place"),
+        ("changes-raise", CORE, "a break output of another shape, dtype, device or structure at replay raises "
+                                "ReplayError at that break, never broadcasts, casts or silently replaces"),
+        ("fault-recovery", CORE, "an exception from a break at replay propagates, and the next replay equals eager "
+                                 "again"),
+        ("capture-failure-clean", CORE, "an exception during capture propagates, leaves no capture active and "
+                                        "restores the process state the capture changed"),
+        ("per-thread", CORE, "capture state is per thread: another thread's breaks are plain calls"),
+        ("warm-up", CORE, "state the function creates lazily is created at warm-up, outside the graph"),
+        ("pools", CORE, "graphs sharing a pool replay in capture order without clobbering each other; graphs "
+                        "captured without a pool never share memory"),
+        ("capture-rules", STRICT, "host synchronisations and data-dependent shapes fail the capture with "
+                                  "CaptureError"),
+        ("not-reentrant", STRICT, "a capture inside a capture, also from a break body, raises CaptureError"),
+        ("nested-breaks-inline", STRICT, "a break called from inside a break body runs inline"),
+        ("immutable-values-refused", STRICT, "a Python value a break returns outside a mutable container (bare, "
+                                             "in tuples only) fails the capture with CaptureError"),
+        ("accounting", STRICT, "segment_count, break_count and break_names describe the capture"),
+        ("hazards", STRICT, "a captured tensor the caller released is reported as a hazard (GraphHazardError)"),
+    ),
+    "gather": _table(
+        "gather",
+        ("bit-identical", CORE, "each output is buf[indices], bit-identical to eager indexing, for every dtype, "
+                                "index dtype and count (0 and duplicates included)"),
+        ("layouts", CORE, "indices and sources of any memory layout (strided, sliced, offset views) give the same "
+                          "result"),
+        ("index-domain", CORE, "negative indices in [-pool, 0) wrap as in Python; an index outside [-pool, pool) "
+                               "raises, never returns made-up data"),
+        ("fresh-outputs", CORE, "outputs are new tensors that alias no source; sources are never modified"),
+        ("no-hidden", CORE, "hidden_states_buf=None gives hidden_states=None"),
+        ("in-graph", CORE, "captured in a graph, a replay after the indices and sources are refilled gathers the "
+                           "new values"),
+        ("relay", CORE, "the stash/resolve relay over the gather equals the relay over the eager oracle"),
+        ("relay-misuse", STRICT, "resolving a never-stashed or already-resolved slot is caught"),
+        ("compile-bounded", STRICT, "over a stream of index counts a compiled gather compiles a bounded number of "
+                                    "graphs and never falls back to eager"),
+        ("launch-promise", STRICT, "a declared promised_kernel_launches holds on CUDA"),
+    ),
+}
+
+
+def clauses_of(component: str) -> tuple[Clause, ...]:
+    """The clauses of ``component``; :class:`UsageError` where it declares none."""
+    if component not in CLAUSES:
+        raise UsageError(f"no contract clauses are declared for {component!r} yet (harness/clauses.py); "
+                         f"components with a conformance report: {', '.join(CLAUSES)}")
+    return CLAUSES[component]
+
+
+def get_clause(component: str, clause_id: str) -> Clause:
+    for clause in clauses_of(component):
+        if clause.id == clause_id:
+            return clause
+    raise UsageError(f"{component} has no clause {clause_id!r}; its clauses: "
+                     f"{', '.join(c.id for c in clauses_of(component))}")

@@ -1,0 +1,318 @@
+"""``python -m harness conformance``: which contract clauses an implementation holds.
+
+It runs one component's suite against ``--impl COMPONENT=SPEC`` in a child pytest process (so a
+crashing candidate cannot take the report with it), reads each test's outcome and the clause it
+checks (:mod:`harness._conformance_plugin`), and reports one row per clause of the component's
+contract (:mod:`harness.clauses`): ``held`` (every test of it passed), ``violated`` (with the first
+falsifying example and the command that reproduces it), or ``not run`` (every test of it skipped,
+with the reason). Core violations (wrong results) are named first, then strict ones (what the
+harness requires to raise). The report is printed, and written as Markdown (for a pull request)
+and JSON.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from harness import clauses as _clauses
+from harness import components, impls
+from harness.devices import resolve_device
+from harness.errors import HarnessError
+
+__all__ = ["ClauseResult", "ConformanceReport", "run_conformance", "build_report", "format_text",
+           "format_markdown", "write_report"]
+
+HELD, VIOLATED, NOT_RUN, NO_TEST = "held", "violated", "not run", "no test"
+
+
+@dataclasses.dataclass
+class ClauseResult:
+    """One row: a clause and what its tests found."""
+
+    clause: str
+    tier: str
+    summary: str
+    verdict: str
+    passed: int = 0
+    failed: int = 0
+    skipped: int = 0
+    first_failure: dict[str, str] | None = None  # nodeid, message, example, reproduce
+    skip_reason: str = ""
+
+
+@dataclasses.dataclass
+class ConformanceReport:
+    component: str
+    spec: str
+    kind: str
+    engine: str
+    device: str
+    graph_backend: str
+    environment: dict[str, str]
+    command: str
+    results: list[ClauseResult]
+    unclassified: list[str]  # tests without a known clause
+    stopped: str = ""  # why the suite did not run to its end (a time limit), or empty
+
+    def violations(self, tier: str) -> list[ClauseResult]:
+        return [r for r in self.results if r.tier == tier and r.verdict == VIOLATED]
+
+    @property
+    def ok(self) -> bool:
+        return not any(r.verdict == VIOLATED for r in self.results) and not self.unclassified and not self.stopped
+
+    def headline(self, tier: str) -> str:
+        violated = self.violations(tier)
+        if violated:
+            consequence = " (results can be wrong)" if tier == _clauses.CORE else ""
+            return f"{tier}: VIOLATED{consequence}: {', '.join(r.clause for r in violated)}"
+        not_run = [r for r in self.results if r.tier == tier and r.verdict in (NOT_RUN, NO_TEST)]
+        held = sum(r.tier == tier and r.verdict == HELD for r in self.results)
+        line = f"{tier}: all held ({held} clauses)"
+        if not_run:
+            line += "; not run here: " + "; ".join(f"{r.clause} ({r.skip_reason or r.verdict})" for r in not_run)
+        return line
+
+    def to_json(self) -> dict[str, Any]:
+        document = dataclasses.asdict(self)
+        document["summary"] = {"core": self.headline(_clauses.CORE), "strict": self.headline(_clauses.STRICT),
+                               "core_violations": [r.clause for r in self.violations(_clauses.CORE)],
+                               "strict_violations": [r.clause for r in self.violations(_clauses.STRICT)]}
+        return document
+
+
+def _effective_backend(graph_backend: str, device: torch.device) -> str:
+    if graph_backend != "auto":
+        return graph_backend
+    return "cuda" if device.type == "cuda" else "emulated"
+
+
+def _environment(device: torch.device) -> dict[str, str]:
+    environment = {"python": sys.version.split()[0], "torch": torch.__version__}
+    if device.type == "cuda":
+        environment["gpu"] = torch.cuda.get_device_name(device)
+        environment["cuda"] = str(torch.version.cuda)
+    try:
+        import triton
+
+        environment["triton"] = triton.__version__
+    except Exception:  # noqa: BLE001 - triton is optional; its absence is not an error here
+        pass
+    return environment
+
+
+def _engine(component: str, spec: str) -> str:
+    """For an engine adapter, the engine and its version (``SGLang 0.5.23``); empty otherwise."""
+    target = components.get_component(component).adapters.get(spec)
+    if target is None:
+        return ""
+    module = importlib.import_module(target.partition(":")[0])
+    version = getattr(module, "engine_version", lambda: "unknown")()
+    return f"{spec} {version}"
+
+
+def run_conformance(*, component: str, spec: str, device: str = "auto", graph_backend: str = "auto",
+                    root: Path, jobs: int = 1, hypothesis_profile: str = "ci",
+                    extra_args: list[str] | None = None, time_limit: float | None = None) -> ConformanceReport:
+    """Run ``component``'s suite against ``spec`` in a child pytest process and build the report.
+
+    Past ``time_limit`` seconds the suite is stopped and the report says so: what finished is
+    reported, the rest is not run (an engine's failures can make a suite much slower than the
+    reference's: every failure is a traceback, every failing property a search)."""
+    row = components.get_component(component)
+    clause_table = _clauses.clauses_of(component)
+    resolved = resolve_device(device)
+    backend = _effective_backend(graph_backend, resolved)
+    implementation = impls.load(component, spec, graph_backend=backend)  # a bad spec: one line, before pytest
+    # --rootdir: node ids relative to the root in an installed wheel too, which has no ini file
+    command = [sys.executable, "-m", "pytest", str(root / row.suite), "--rootdir", str(root), "-q", "-rfE",
+               "-p", "no:cacheprovider",
+               "-p", "harness._conformance_plugin", "--impl", f"{component}={spec}", "--device", resolved.type,
+               "--graph-backend", backend, "--hypothesis-profile", hypothesis_profile, *(extra_args or [])]
+    if jobs > 1:
+        command += ["-n", str(jobs)]
+    with tempfile.TemporaryDirectory() as scratch:
+        record_path = Path(scratch) / "record.jsonl"
+        environment = dict(os.environ, HARNESS_CONFORMANCE_RECORD=str(record_path))
+        environment.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+        returncode, output = _run_limited(command, root, environment, time_limit)
+        records = [json.loads(line) for line in record_path.read_text().splitlines()] if record_path.is_file() else []
+    stopped = returncode is None
+    if (not stopped and returncode not in (0, 1)) or not any("nodeid" in r for r in records):
+        tail = [line for line in output.strip().splitlines() if line.strip()][-3:]
+        raise HarnessError(f"the suite did not run (pytest exit {returncode}): " + " | ".join(tail or ["(no output)"]))
+    display = " ".join(["pytest", row.suite, "--impl", f"{component}={spec}", "--device", resolved.type,
+                        "--graph-backend", backend, "--hypothesis-profile", hypothesis_profile])
+    report = build_report(records, clause_table, component=component, spec=spec, kind=implementation.kind,
+                          engine=_engine(component, spec), device=resolved.type, graph_backend=backend,
+                          environment=_environment(resolved), command=display)
+    if stopped:
+        report.stopped = f"stopped at the time limit of {time_limit:.0f} s: tests that had not finished count as not run"
+    return report
+
+
+def _run_limited(command: list[str], root: Path, environment: dict[str, str],
+                 time_limit: float | None) -> tuple[int | None, str]:
+    """Run the child pytest; past ``time_limit`` stop it and its xdist workers (exit status None)."""
+    process = subprocess.Popen(command, cwd=root, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, start_new_session=True)
+    try:
+        output, _ = process.communicate(timeout=time_limit)
+        return process.returncode, output
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)  # its own session: the workers go with it
+        output, _ = process.communicate()
+        return None, output
+
+
+def build_report(records: list[dict[str, Any]], clause_table: tuple[_clauses.Clause, ...], **fields: Any
+                 ) -> ConformanceReport:
+    """Fold the plugin's per-phase records into one row per clause (a test fails if any phase failed)."""
+    outcomes: dict[str, dict[str, Any]] = {}
+    for record in records:
+        if "collected" in record:
+            outcomes.setdefault(record["collected"], {"clause": record["clause"], "outcome": "not run"})
+            continue
+        test = outcomes.setdefault(record["nodeid"], {"clause": record["clause"], "outcome": "not run"})
+        if record["outcome"] == "failed":
+            if test["outcome"] != "failed":
+                test.update(outcome="failed", failure={"nodeid": record["nodeid"], "when": record["when"],
+                                                       **{k: record.get(k, "") for k in
+                                                          ("message", "example", "reproduce")}})
+        elif record["outcome"] == "skipped" and test["outcome"] != "failed":
+            test.update(outcome="skipped", reason=record.get("reason", ""))
+        elif record["when"] == "call" and test["outcome"] == "not run":
+            test["outcome"] = "passed"
+    known = {clause.id for clause in clause_table}
+    results = []
+    for clause in clause_table:
+        tests = [t for t in outcomes.values() if t["clause"] == clause.id]
+        result = ClauseResult(clause.id, clause.tier, clause.summary, NO_TEST,
+                              passed=sum(t["outcome"] == "passed" for t in tests),
+                              failed=sum(t["outcome"] == "failed" for t in tests),
+                              skipped=sum(t["outcome"] == "skipped" for t in tests))
+        if result.failed:
+            result.verdict = VIOLATED
+            result.first_failure = next(t["failure"] for t in tests if t["outcome"] == "failed")
+        elif result.passed:
+            result.verdict = HELD
+        elif result.skipped:
+            result.verdict = NOT_RUN
+            result.skip_reason = _short(next(t.get("reason", "") for t in tests if t["outcome"] == "skipped"))
+        results.append(result)
+    # Core first, then strict; the table's order within each tier.
+    results.sort(key=lambda r: r.tier != _clauses.CORE)
+    unclassified = sorted(nodeid for nodeid, t in outcomes.items() if t["clause"] not in known)
+    return ConformanceReport(results=results, unclassified=unclassified, **fields)
+
+
+def _short(text: str, limit: int = 160) -> str:
+    text = re.sub(r"^Skipped: ", "", " ".join(str(text).split()))
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _first_line(failure: dict[str, str]) -> str:
+    lines = [line for line in failure.get("message", "").splitlines() if line.strip()]
+    return _short(lines[0] if lines else "(no message)")
+
+
+def _test_name(nodeid: str) -> str:
+    return nodeid.rpartition("/")[2]
+
+
+def _title(report: ConformanceReport) -> str:
+    what = f"{report.component}={report.spec}" + (f" ({report.engine})" if report.engine else "")
+    return f"Conformance of {what}, graph backend {report.graph_backend}, device {report.device}"
+
+
+def format_text(report: ConformanceReport) -> str:
+    """The report for a terminal: the two headlines, then one row per clause."""
+    lines = [_title(report), report.headline(_clauses.CORE), report.headline(_clauses.STRICT)]
+    lines += [f"INCOMPLETE: {report.stopped}", ""] if report.stopped else [""]
+    rows = [("tier", "clause", "verdict", "tests", "first falsifying example")]
+    for r in report.results:
+        example = ""
+        if r.first_failure:
+            example = f"{_test_name(r.first_failure['nodeid'])}: {_first_line(r.first_failure)}"
+        elif r.verdict == NOT_RUN:
+            example = r.skip_reason
+        rows.append((r.tier, r.clause, r.verdict, f"{r.passed}/{r.passed + r.failed + r.skipped}", example))
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    for row in rows:
+        lines.append("  ".join(cell.ljust(width) for cell, width in zip(row[:4], widths)) + "  " + row[4])
+    if report.unclassified:
+        lines.append(f"\n{len(report.unclassified)} tests name no clause of {report.component} "
+                     f"(harness/clauses.py): " + ", ".join(report.unclassified[:5]))
+    for r in report.results:
+        if r.first_failure and r.first_failure.get("reproduce"):
+            lines.append(f"\nreproduce {r.clause}: {r.first_failure['reproduce']}")
+    return "\n".join(lines)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def format_markdown(report: ConformanceReport) -> str:
+    """The report as Markdown, to paste into a pull request or a CI step summary."""
+    out = [f"## {_title(report)}", "", f"- **{report.headline(_clauses.CORE)}**",
+           f"- {report.headline(_clauses.STRICT)}", *([f"- **incomplete**: {report.stopped}"] if report.stopped else []),
+           "",
+           "Tiers: **core**: " + _clauses.TIERS[_clauses.CORE] + "; **strict**: " + _clauses.TIERS[_clauses.STRICT]
+           + ".", "", "| tier | clause | verdict | tests passed | first falsifying example |",
+           "| --- | --- | --- | --- | --- |"]
+    for r in report.results:
+        example = ""
+        if r.first_failure:
+            example = f"`{_test_name(r.first_failure['nodeid'])}`: {_first_line(r.first_failure)}"
+        elif r.verdict == NOT_RUN:
+            example = r.skip_reason
+        verdict = f"**{r.verdict}**" if r.verdict == VIOLATED else r.verdict
+        out.append(f"| {r.tier} | `{r.clause}` | {verdict} | {r.passed}/{r.passed + r.failed + r.skipped} | "
+                   f"{_cell(example)} |")
+    violated = [r for r in report.results if r.first_failure]
+    if violated:
+        out += ["", "### Violations"]
+    for r in violated:
+        failure = r.first_failure or {}
+        out += ["", f"#### `{r.clause}` ({r.tier}): {r.summary}", "",
+                f"{r.failed} of {r.passed + r.failed + r.skipped} tests failed; the first: `{failure['nodeid']}`"
+                + (f" (in {failure['when']})" if failure.get("when") not in (None, "call") else ""), "",
+                "```", failure.get("message", "").strip()[:2000], "```"]
+        if failure.get("example"):
+            out += ["", "```", failure["example"][:2000], "```"]
+        if failure.get("reproduce"):
+            out += ["", "```bash", failure["reproduce"], "```"]
+    if report.unclassified:
+        out += ["", f"{len(report.unclassified)} tests name no clause of {report.component}: "
+                + ", ".join(f"`{n}`" for n in report.unclassified[:10])]
+    environment = ", ".join(f"{key} {value}" for key, value in report.environment.items())
+    out += ["", f"Run: `{report.command}` ({environment}; implementation kind: {report.kind})."]
+    return "\n".join(out) + "\n"
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_")
+
+
+def write_report(report: ConformanceReport, folder: str | Path) -> tuple[Path, Path]:
+    """Write ``conformance-COMPONENT-SPEC.md`` and ``.json`` into ``folder``; returns both paths."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    stem = f"conformance-{report.component}-{_slug(report.spec)}"
+    markdown, document = folder / f"{stem}.md", folder / f"{stem}.json"
+    markdown.write_text(format_markdown(report))
+    document.write_text(json.dumps(report.to_json(), indent=2) + "\n")
+    return markdown, document

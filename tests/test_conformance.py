@@ -1,0 +1,122 @@
+"""python -m harness conformance: per-clause verdicts from the suite's outcomes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from harness import cli, conformance
+from harness.clauses import CORE, STRICT, Clause
+
+ROOT = Path(__file__).resolve().parent.parent
+
+TABLE = (Clause("toy", "stale", CORE, "no stale reads"), Clause("toy", "cast", CORE, "no silent cast"),
+         Clause("toy", "warm", CORE, "warm-up outside"), Clause("toy", "raises", STRICT, "raises ReplayError"),
+         Clause("toy", "reentrant", STRICT, "refuses nesting"))
+
+
+def _records() -> list[dict]:
+    collected = [{"collected": f"suites/toy/test_a.py::test_{n}", "clause": c}
+                 for n, c in [("1", "stale"), ("2", "stale"), ("3", "cast"), ("4", "warm"), ("5", "raises"),
+                              ("6", None)]]
+
+    def phase(n, when, outcome, clause, **extra):
+        return {"nodeid": f"suites/toy/test_a.py::test_{n}", "when": when, "outcome": outcome, "clause": clause,
+                **extra}
+
+    return collected + [
+        phase("1", "setup", "passed", "stale"), phase("1", "call", "passed", "stale"),
+        phase("2", "setup", "passed", "stale"), phase("2", "call", "passed", "stale"),
+        phase("2", "teardown", "failed", "stale", message="leaked a capture", example="", reproduce="pytest x"),
+        phase("3", "setup", "passed", "cast"), phase("3", "call", "passed", "cast"),
+        phase("4", "setup", "skipped", "warm", reason="Skipped: the emulated backend does not model warm-up"),
+        phase("5", "setup", "passed", "raises"),
+        phase("5", "call", "failed", "raises", message="RuntimeError: not ReplayError\nmore",
+              example="Falsifying example: test_5(seed=3)", reproduce="pytest y --reproduce-failure 1:AA"),
+        phase("6", "setup", "passed", None), phase("6", "call", "passed", None),
+    ]
+
+
+def _report() -> conformance.ConformanceReport:
+    return conformance.build_report(_records(), TABLE, component="toy", spec="mutant:x", kind="mutant", engine="",
+                                    device="cpu", graph_backend="emulated", environment={"torch": "2"},
+                                    command="pytest suites/toy")
+
+
+def test_each_clause_gets_its_verdict_core_first():
+    report = _report()
+    verdicts = {r.clause: (r.verdict, r.passed, r.failed, r.skipped) for r in report.results}
+    assert verdicts == {"stale": ("violated", 1, 1, 0), "cast": ("held", 1, 0, 0), "warm": ("not run", 0, 0, 1),
+                        "raises": ("violated", 0, 1, 0), "reentrant": ("no test", 0, 0, 0)}
+    assert [r.tier for r in report.results] == [CORE, CORE, CORE, STRICT, STRICT]
+    stale = report.results[0]
+    assert stale.first_failure == {"nodeid": "suites/toy/test_a.py::test_2", "when": "teardown",
+                                   "message": "leaked a capture", "example": "", "reproduce": "pytest x"}
+    assert report.results[2].skip_reason == "the emulated backend does not model warm-up"
+    assert report.unclassified == ["suites/toy/test_a.py::test_6"] and not report.ok
+
+
+def test_headlines_name_core_violations_first_and_say_all_held_otherwise():
+    report = _report()
+    assert report.headline(CORE) == "core: VIOLATED (results can be wrong): stale"
+    assert report.headline(STRICT) == "strict: VIOLATED: raises"
+    held = conformance.build_report([r for r in _records() if r.get("nodeid", r.get("collected")).endswith(("_1",
+                                     "_3", "_4"))], TABLE, component="toy", spec="reference", kind="reference",
+                                    engine="", device="cpu", graph_backend="emulated", environment={}, command="")
+    assert held.headline(CORE).startswith("core: all held (2 clauses); not run here: warm (the emulated backend")
+    text = conformance.format_text(report)
+    assert text.splitlines()[1] == report.headline(CORE) and "reproduce raises: pytest y --reproduce-failure" in text
+
+
+def test_markdown_and_json_carry_the_first_falsifying_example(tmp_path):
+    markdown, document = conformance.write_report(_report(), tmp_path)
+    assert markdown.name == "conformance-toy-mutant_x.md" and document.name == "conformance-toy-mutant_x.json"
+    text = markdown.read_text()
+    assert "**core: VIOLATED (results can be wrong): stale**" in text
+    assert "| strict | `raises` | **violated** | 0/1 | `test_a.py::test_5`: RuntimeError: not ReplayError |" in text
+    assert "Falsifying example: test_5(seed=3)" in text and "pytest y --reproduce-failure 1:AA" in text
+    data = json.loads(document.read_text())
+    assert data["summary"]["core_violations"] == ["stale"] and data["summary"]["strict_violations"] == ["raises"]
+
+
+def test_a_run_of_a_mutant_reports_the_clause_it_breaks(tmp_path):
+    """End to end on part of the graphs suite: the child pytest, the plugin's records, the verdicts."""
+    report = conformance.run_conformance(
+        component="graphs", spec="mutant:structure-change-accepted", device="cpu", graph_backend="emulated",
+        root=ROOT, extra_args=["-k", "output_change_at_replay or counts_and_names or warm_up"])
+    verdicts = {r.clause: r.verdict for r in report.results}
+    assert verdicts["changes-raise"] == "violated" and verdicts["accounting"] == "held"
+    assert verdicts["warm-up"] == "not run" and verdicts["live-breaks"] == "no test"
+    failure = next(r for r in report.results if r.clause == "changes-raise").first_failure
+    assert "test_break_output_change_at_replay_raises_then_recovers" in failure["nodeid"]
+    assert failure["message"] and "--impl graphs=mutant:structure-change-accepted" in failure["reproduce"]
+    assert report.headline(CORE) == "core: VIOLATED (results can be wrong): changes-raise"
+
+
+def test_a_bad_spec_is_one_line_before_any_suite_runs(capsys):
+    assert cli.main(["conformance", "--impl", "graphs=mutant:nope"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+@pytest.mark.parametrize("spec", ["runner=reference"])
+def test_a_component_without_clauses_is_refused(capsys, spec):
+    assert cli.main(["conformance", "--impl", spec]) == 2
+    assert "no contract clauses are declared for 'runner'" in capsys.readouterr().err
+
+
+def test_a_suite_past_its_time_limit_is_stopped_with_its_workers_and_the_report_says_so(tmp_path):
+    import os
+    import sys
+    import time
+
+    started = time.monotonic()
+    child = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+             "print('started', flush=True); time.sleep(60)")
+    returncode, output = conformance._run_limited([sys.executable, "-c", child], ROOT, dict(os.environ), 3)
+    assert returncode is None and "started" in output and time.monotonic() - started < 30
+    report = _report()
+    report.stopped = "stopped at the time limit of 3 s"
+    assert not report.ok and "INCOMPLETE: stopped at the time limit" in conformance.format_text(report)
+    assert "**incomplete**: stopped" in conformance.format_markdown(report)

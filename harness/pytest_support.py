@@ -43,7 +43,6 @@ __all__ = [
     "current_hypothesis_profile",
     "SYRUPY_MISSING",
     "capped_examples",
-    "startup_time_limit",
 ]
 
 
@@ -54,6 +53,7 @@ class HarnessSession:
     device: torch.device
     backend: GraphBackend
     impl_specs: dict[str, str]  # component -> spec, only those given with --impl
+    pythonpath: str | None = None  # PYTHONPATH at start-up, through which an --impl module may be found
 
 
 SESSION_KEY = pytest.StashKey[HarnessSession]()
@@ -78,6 +78,9 @@ def add_options(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager
     group.addoption("--experts-implementation", choices=EXPERTS_IMPLEMENTATIONS, default=None,
                     help="how the transformers zoo's MoE and hybrid stacks run their experts (default: "
                          f"${EXPERTS_VARIABLE}, else {EXPERTS_IMPLEMENTATIONS[0]}, what engines capture)")
+    group.addoption("--startup-timeout", type=float, default=impls.STARTUP_SECONDS, metavar="SECONDS",
+                    help="time limit on loading each outside --impl (its import and a smoke call on a tiny case) "
+                         "before any test runs (0: none; default %(default)s); tests have pytest-timeout's --timeout")
     group.addoption("--reproduce-failure", metavar="VERSION:BLOB", default=None,
                     help="replay one falsifying example of the one selected hypothesis test, as hypothesis's "
                          "@reproduce_failure(VERSION, BLOB) would; the reproduce line of a failure gives it")
@@ -261,23 +264,10 @@ def configure(config: pytest.Config) -> None:
         selected = impls.parse_impl_options(config.getoption("--impl"))
         for component, spec in selected.items():
             # fail now, with the reason, rather than in each test
-            impls.load(component, spec, time_limit=startup_time_limit(config))
+            impls.load(component, spec, time_limit=config.getoption("--startup-timeout") or None)
     except HarnessError as error:
         raise pytest.UsageError(str(error)) from None
-    config.stash[SESSION_KEY] = HarnessSession(device, backend, selected)
-
-
-def startup_time_limit(config: pytest.Config) -> float:
-    """The limit on loading an outside ``--impl`` at start-up: :data:`harness.impls.STARTUP_SECONDS`,
-    or the per-test limit (pytest-timeout's ``--timeout`` / ini ``timeout``) where that is shorter."""
-    value = config.getoption("timeout", None)
-    if value is None:
-        try:
-            value = config.getini("timeout")
-        except ValueError:  # pytest-timeout not installed: no per-test limit
-            value = None
-    per_test = float(value) if value not in (None, "") else 0.0
-    return min(impls.STARTUP_SECONDS, per_test) if per_test > 0 else impls.STARTUP_SECONDS
+    config.stash[SESSION_KEY] = HarnessSession(device, backend, selected, os.environ.get("PYTHONPATH") or None)
 
 
 def selected_implementation(config: pytest.Config, component: str) -> impls.Implementation:
@@ -327,7 +317,7 @@ def reproduce_command(config: pytest.Config, nodeid: str, *, replay: tuple[str, 
     path, sep, rest = nodeid.partition("::")
     # The interpreter that ran this session (its environment has the harness and the implementations),
     # and PYTHONPATH, through which an outside --impl module may have been found: pasteable in a new shell.
-    prefix = [f"PYTHONPATH={os.environ['PYTHONPATH']}"] if os.environ.get("PYTHONPATH") else []
+    prefix = [f"PYTHONPATH={session.pythonpath}"] if session.pythonpath else []
     parts = [sys.executable, "-m", "pytest", f"{root / path}{sep}{rest}", "--rootdir", str(root),
              "--device", session.device.type, "--graph-backend", session.backend.name]
     for component, spec in session.impl_specs.items():

@@ -64,6 +64,7 @@ def _schedule() -> None:
 
 
 def _on_alarm(signum: int, frame: FrameType | None) -> None:
+    __tracebackhide__ = True  # pytest: the traceback ends where the main thread was, not here
     now = time.monotonic()
     expired = [limit for limit in _active if limit.deadline <= now + 0.005]
     if not expired:  # a limit was left or re-armed since the timer was set

@@ -125,7 +125,8 @@ def _report(arguments: argparse.Namespace) -> int:
 
 def _bench(rest: list[str]) -> int:
     # The bench package owns its command line (shared options, one subcommand per benchmark).
-    from harness.bench.command import BENCHMARKS, main as bench_main
+    from harness.bench.command import BENCHMARKS
+    from harness.bench.command import main as bench_main
 
     if rest and not rest[0].startswith("-") and rest[0] not in BENCHMARKS:
         raise HarnessError(f"no benchmark called {rest[0]!r}; available: {', '.join(BENCHMARKS)}")

@@ -15,10 +15,10 @@ from typing import Any, Callable, Iterator
 
 from torch import nn
 
-from harness.errors import BucketError
 from harness.batch import ForwardBatch, HiddenMode, forward_context
-from harness.runner.discovery import DiscoveryResult
+from harness.errors import BucketError
 from harness.mutants import MutantSet
+from harness.runner.discovery import DiscoveryResult
 from harness.runner.runner import LayerStackRunner, StaticInputs
 
 __all__ = ["MUTANTS"]  # the mutants are reached through the registry, never imported by name

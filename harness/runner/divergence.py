@@ -15,8 +15,8 @@ from typing import Any, Iterable, Mapping
 import torch
 from torch import nn
 
-from harness.compare import tolerance_for
 from harness.batch import ForwardBatch
+from harness.compare import tolerance_for
 from harness.runner.discovery import layer_list
 
 __all__ = ["LayerDivergence", "eager_layer_outputs", "localise", "architecture_divergence", "format_divergence_table",

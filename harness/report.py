@@ -82,7 +82,14 @@ def _setup(config: pytest.Config) -> dict[str, Any]:
         "torch": torch.__version__,
         "transformers": transformers_version,
         "implementations": dict(getattr(session, "impl_specs", {}) or {}) or "reference",
+        "hypothesis_profile": _hypothesis_profile(),
     }
+
+
+def _hypothesis_profile() -> str:
+    from harness.pytest_support import current_hypothesis_profile
+
+    return current_hypothesis_profile()
 
 
 class RunReport:
@@ -92,6 +99,7 @@ class RunReport:
         self.config = config
         self.is_worker = hasattr(config, "workerinput")
         self.outcomes: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+        self.failed: set[str] = set()  # node ids of failed tests and errors (setup, teardown, collection)
         self.collected: dict[str, list[str]] = {}
         self.parts: list[dict[str, Any]] = []  # from xdist workers
         self.orphans: list[str] = []
@@ -139,10 +147,13 @@ class RunReport:
         if report.when == "call" or report.outcome != "passed":
             outcome = "error" if report.when != "call" and report.outcome == "failed" else report.outcome
             self.outcomes[_component(report.nodeid)][outcome] += 1
+            if report.failed:
+                self.failed.add(report.nodeid)
 
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         if report.failed:
             self.outcomes[_component(report.nodeid)]["error"] += 1
+            self.failed.add(report.nodeid)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: Any, error: Any) -> None:
@@ -184,6 +195,7 @@ class RunReport:
         self.report = {
             "setup": _setup(self.config),
             "outcomes": {component: dict(counts) for component, counts in sorted(self.outcomes.items())},
+            "failed": sorted(self.failed),
             "errors": errors,
             "counters": dict(sorted(tallies["counters"].items())),
             "goldens": {
@@ -218,7 +230,7 @@ def format_text(report: dict[str, Any]) -> str:
     setup = report["setup"]
     lines = [f"device {setup['device']} ({setup['device_class']}), graph backend {setup['graph_backend']}, "
              f"torch {setup['torch']}, transformers {setup['transformers']}, "
-             f"implementations {setup['implementations']}"]
+             f"implementations {setup['implementations']}, hypothesis profile {setup.get('hypothesis_profile', '?')}"]
     for component, counts in report["outcomes"].items():
         lines.append(f"  {component:<12} {_outcome_cells(counts) or 'nothing ran'}")
     for dtype_name, entry in report["errors"].items():

@@ -210,9 +210,9 @@ class RunReport:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             Path(path).write_text(json.dumps(self.report, indent=2) + "\n")
 
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        if self.report is None:
-            return
+    def pytest_terminal_summary(self, terminalreporter: Any, exitstatus: int) -> None:
+        if self.report is None or exitstatus == pytest.ExitCode.USAGE_ERROR:
+            return  # a bad path or option: pytest's one error line is the whole story
         terminalreporter.write_sep("=", "harness run report")
         for line in format_text(self.report).splitlines():
             terminalreporter.write_line(line)

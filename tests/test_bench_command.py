@@ -103,3 +103,15 @@ def test_plot_without_the_extra_is_a_usage_error_before_measuring(bench):
         assert "pip install -e .[plot]" in completed.stderr and "Traceback" not in completed.stderr
     else:
         pytest.skip("matplotlib is installed here: the missing-extra message cannot be shown")
+
+
+def test_a_baseline_of_another_device_class_is_refused_before_measuring(bench, monkeypatch):
+    from harness.bench import gather as gather_bench
+
+    def measure(*args, **kwargs):
+        raise AssertionError("measured before checking the baseline")
+
+    monkeypatch.setattr(gather_bench, "run", measure)
+    completed = bench("gather", "--device", "cpu", "--baseline", "harness/bench/baselines/h200-gather.json")
+    assert completed.returncode == 2 and completed.stdout == ""
+    assert "the baseline was measured on 'cuda:NVIDIA H200/cuda', this run on 'cpu/emulated'" in completed.stderr

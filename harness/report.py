@@ -210,7 +210,9 @@ class RunReport:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             Path(path).write_text(json.dumps(self.report, indent=2) + "\n")
 
+    @pytest.hookimpl(tryfirst=True)  # before syrupy's summary, whose banner it drops
     def pytest_terminal_summary(self, terminalreporter: Any, exitstatus: int) -> None:
+        _drop_syrupy_banner(self.config)
         if self.report is None or exitstatus == pytest.ExitCode.USAGE_ERROR:
             return  # a bad path or option: pytest's one error line is the whole story
         terminalreporter.write_sep("=", "harness run report")
@@ -219,6 +221,28 @@ class RunReport:
         if self.report["goldens"]["orphans"]:
             terminalreporter.write_line(
                 "orphaned goldens fail the run: delete them, or rerun with --snapshot-update", red=True)
+
+
+class _WithoutBanner:
+    """syrupy's session report without the line saying that its unused-snapshot detection is off: the
+    harness switches it off on purpose (its own orphan rule replaces it; README's *Goldens*)."""
+
+    def __init__(self, report: Any) -> None:
+        self._report = report
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._report, name)
+
+    @property
+    def lines(self) -> Any:
+        return (line for line in self._report.lines if "--snapshot-disable-unused" not in line)
+
+
+def _drop_syrupy_banner(config: pytest.Config) -> None:
+    session = getattr(config, "_syrupy", None)  # syrupy's session (private; absent without syrupy)
+    report = getattr(session, "report", None)
+    if report is not None and not isinstance(report, _WithoutBanner):
+        session.report = _WithoutBanner(report)
 
 
 def _outcome_cells(counts: dict[str, int]) -> str:

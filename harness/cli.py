@@ -2,6 +2,7 @@
 
     python -m harness list [--component C ...]
     python -m harness selfcheck [--component C ...] [--graph-backend B] [--device D] [--jobs N] [--json PATH]
+                                [--test-timeout S] [--process-timeout S]
     python -m harness bench runner|gather|tolerance [options; --help lists each benchmark's own]
     python -m harness report [--run-report PATH] [--selfcheck PATH] [--annotate JUNIT_XML]  (CI step summary)
     python -m harness conformance --impl COMPONENT=SPEC [--device D] [--graph-backend B] [--out DIR] [--jobs N]
@@ -15,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from harness import components, impls, locations
+from harness import components, impls, locations, selfcheck
 from harness.devices import DEVICE_CHOICES, resolve_device
 from harness.errors import HarnessError
 from harness.graphs import BACKEND_NAMES, get_backend
@@ -62,14 +63,14 @@ def _check_device(arguments: argparse.Namespace) -> None:
 
 
 def _selfcheck(arguments: argparse.Namespace) -> int:
-    from harness import selfcheck
-
     chosen = _chosen_components(arguments)
     _check_device(arguments)
     root = locations.project_root()  # the checkout, or the installed package: it runs from any directory
     started = time.perf_counter()
     outcomes = selfcheck.run_selfcheck(components=chosen, graph_backend=arguments.graph_backend,
-                                       device=arguments.device, jobs=arguments.jobs, root=root)
+                                       device=arguments.device, jobs=arguments.jobs, root=root,
+                                       test_timeout=arguments.test_timeout or None,
+                                       process_timeout=arguments.process_timeout or None)
     wall = time.perf_counter() - started
     print(selfcheck.format_matrix(outcomes))
     print(f"whole matrix: {wall:.0f} s")
@@ -136,7 +137,8 @@ def _conformance(arguments: argparse.Namespace) -> int:
 
 def _bench(rest: list[str]) -> int:
     # The bench package owns its command line (shared options, one subcommand per benchmark).
-    from harness.bench.command import BENCHMARKS, main as bench_main
+    from harness.bench.command import BENCHMARKS
+    from harness.bench.command import main as bench_main
 
     if rest and not rest[0].startswith("-") and rest[0] not in BENCHMARKS:
         raise HarnessError(f"no benchmark called {rest[0]!r}; available: {', '.join(BENCHMARKS)}")
@@ -165,6 +167,12 @@ def main(argv: list[str] | None = None, *, prog: str | None = None) -> int:
     check.add_argument("--jobs", type=int, default=None,
                        help="pytest processes at once (default: 8 per GPU on a CUDA device, else the CPU cores)")
     check.add_argument("--json", help="also write the kill matrix as JSON here (with seconds to kill per run)")
+    check.add_argument("--test-timeout", type=float, default=selfcheck.TEST_SECONDS, metavar="SECONDS",
+                       help="time limit of each test in each pytest process; a hang fails the test (0: none; "
+                            "default %(default)g)")
+    check.add_argument("--process-timeout", type=float, default=selfcheck.PROCESS_SECONDS, metavar="SECONDS",
+                       help="time limit of each pytest process, which is then stopped with its workers and reported "
+                            "'timed out' (0: none; default %(default)g)")
     check.add_argument("--keep-hints", action="store_true",
                        help="do not rewrite golden/selfcheck/kill_matrix.json (which test killed each mutant)")
     check.add_argument("--check-kill-matrix", action="store_true",

@@ -50,6 +50,7 @@ __all__ = [
     "configure_goldens",
     "drift_events",
     "find_orphans",
+    "versioned_golden",
 ]
 
 _TENSOR_KEY = "__tensor__"
@@ -398,6 +399,39 @@ def _snapshot_names_used(test_names: Iterable[str]) -> Callable[[str], bool]:
     names = {_file_stem(name) for name in test_names}
     # syrupy names a test's second and later snapshots "<test>.<index>", a named one "<test>[<name>]".
     return lambda stem: stem in names or any(stem.startswith((name + ".", name + "[")) for name in names)
+
+
+def versioned_golden(snapshot: Any, *, prefix: str, version: tuple[int, ...]) -> str:
+    """The snapshot name to compare a version-dependent result with (``prefix-MAJOR.MINOR``).
+
+    A version with its own golden file, or a run with ``--snapshot-update`` (which records it), uses its
+    own name. A version without one (a torch minor nobody recorded yet) is compared with the nearest
+    recorded version below it, else the lowest above it, and the run report says so (a
+    :class:`DriftEvent`), rather than failing with a missing snapshot.
+    """
+    def label(parts: tuple[int, ...]) -> str:
+        return f"{prefix}-{'.'.join(map(str, parts))}"
+
+    own = label(version)
+    location = Path(snapshot.extension.get_location(test_location=snapshot.test_location, index=own))
+    if _SESSION.update or location.is_file():
+        return own
+    marker = f"[{own}]"
+    head, tail = location.name.split(marker) if marker in location.name else (location.stem, "")
+    recorded = []
+    for path in location.parent.glob(f"{head}[[]{prefix}-*]{tail}"):
+        text = path.name[len(head) + len(prefix) + 2:len(path.name) - len(tail) - 1]
+        if all(part.isdigit() for part in text.split(".")):
+            recorded.append(tuple(int(part) for part in text.split(".")))
+    if not recorded:
+        return own  # nothing to derive from: syrupy reports the missing golden
+    below = [parts for parts in recorded if parts < tuple(version)]
+    chosen = label(max(below) if below else min(recorded))
+    _SESSION.events.append(DriftEvent(
+        str(location), own, _SESSION.device_class,
+        f"no golden of its own: compared with {chosen}'s, the nearest recorded; --snapshot-update on {own} "
+        "records one"))
+    return chosen
 
 
 def find_orphans(*, root: Path, collected: Mapping[str, Iterable[str]], scopes: Iterable[str]) -> list[Path]:

@@ -15,6 +15,7 @@ import importlib
 from typing import Any
 
 from harness import components as _components
+from harness import timeouts
 from harness.candidates import describe_exception
 from harness.errors import ImplementationError, UsageError
 
@@ -25,7 +26,13 @@ __all__ = [
     "mutants",
     "load",
     "parse_impl_option",
+    "parse_impl_options",
+    "STARTUP_SECONDS",
 ]
+
+# The limit on loading an outside implementation: its import and the smoke call on a tiny case (both
+# take well under a second for the reference). A hang there would stop the run before any test.
+STARTUP_SECONDS = 60.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +104,19 @@ def parse_impl_option(option: str) -> tuple[str, str]:
     return component.strip(), spec.strip()
 
 
+def parse_impl_options(options: list[str]) -> dict[str, str]:
+    """``component -> spec`` from repeated ``--impl`` options; one component named twice is a
+    :class:`UsageError` (the last would otherwise silently win)."""
+    selected: dict[str, str] = {}
+    for option in options:
+        component, spec = parse_impl_option(option)
+        if component in selected:
+            raise UsageError(f"--impl {component}= is given twice ({selected[component]!r} and {spec!r}): "
+                             "the suites test one implementation per component; give one --impl for it")
+        selected[component] = spec
+    return selected
+
+
 # (component, spec, id(obj)) -> (obj, validated form): a session loads its implementations more than
 # once (at start-up, then in each fixture), and the smoke call need not run again. ``obj`` is kept in
 # the value so that its id cannot be reused by another object.
@@ -132,10 +152,13 @@ def _import_user_module(component: str, spec: str, module_name: str) -> Any:
         ) from None
 
 
-def load(component: str, spec: str = "reference", *, graph_backend: str | None = None) -> Implementation:
+def load(component: str, spec: str = "reference", *, graph_backend: str | None = None,
+         time_limit: float | None = STARTUP_SECONDS) -> Implementation:
     """Resolve ``spec`` for ``component`` to a validated :class:`Implementation`.
 
-    ``graph_backend`` is the selected backend's name, for an adapter that runs on one backend only."""
+    ``graph_backend`` is the selected backend's name, for an adapter that runs on one backend only.
+    Loading an outside implementation (its import and smoke call) runs under ``time_limit`` seconds
+    (None: none); past it, an :class:`ImplementationError` says where it was stuck."""
     row = _row(component)
     if spec in row.adapters:
         # The loader imports the engine; a missing one is its one-line error, not a traceback.
@@ -154,6 +177,18 @@ def load(component: str, spec: str = "reference", *, graph_backend: str | None =
         # No smoke call for what the harness registers: a mutant may be too broken to build at all,
         # and that is for its suites to find (the kill matrix), not a usage error.
         return dataclasses.replace(impl, obj=validate(component, impl.obj, impl.spec, smoke=False))
+    def stuck(frame: Any) -> str:
+        return (f"--impl {component}={spec}: loading it (the import and a smoke call on a tiny case) did not finish "
+                f"within {time_limit:g} s; stuck at {timeouts.where(frame)}")
+
+    try:
+        with timeouts.time_limit(time_limit, stuck):
+            return _load_external(component, spec)
+    except timeouts.TimeLimitExceeded as error:
+        raise ImplementationError(str(error)) from None
+
+
+def _load_external(component: str, spec: str) -> Implementation:
     module_name, _, attribute_path = spec.partition(":")
     obj: Any = _import_user_module(component, spec, module_name)
     for part in attribute_path.split("."):

@@ -27,8 +27,8 @@ from harness.models.transformers_zoo import experts_implementation
 
 pytest_support.register_hypothesis_profiles()
 
-# The run report (and the orphaned-golden check) is a plugin of its own.
-pytest_plugins = ["harness.report"]
+# The run report (and the orphaned-golden check) and the time limits that stop a hang are plugins of their own.
+pytest_plugins = ["harness.report", "harness.timeout_plugin"]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

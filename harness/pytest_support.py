@@ -10,6 +10,7 @@ import dataclasses
 import os
 import re
 import shlex
+import sys
 from typing import Any, Callable
 
 import hypothesis
@@ -57,6 +58,7 @@ class HarnessSession:
     device: torch.device
     backend: GraphBackend
     impl_specs: dict[str, str]  # component -> spec, only those given with --impl
+    pythonpath: str | None = None  # PYTHONPATH at start-up, through which an --impl module may be found
 
 
 SESSION_KEY = pytest.StashKey[HarnessSession]()
@@ -84,6 +86,9 @@ def add_options(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager
     group.addoption("--tp", type=int, default=2, metavar="N",
                     help="ranks of the tensor-parallel suites (suites/runner/tensor_parallel): gloo processes on "
                          "the CPU, NCCL with one GPU per rank on cuda; 1 skips them (default 2)")
+    group.addoption("--startup-timeout", type=float, default=impls.STARTUP_SECONDS, metavar="SECONDS",
+                    help="time limit on loading each outside --impl (its import and a smoke call on a tiny case) "
+                         "before any test runs (0: none; default %(default)s); tests have pytest-timeout's --timeout")
     group.addoption("--reproduce-failure", metavar="VERSION:BLOB", default=None,
                     help="replay one falsifying example of the one selected hypothesis test, as hypothesis's "
                          "@reproduce_failure(VERSION, BLOB) would; the reproduce line of a failure gives it")
@@ -273,14 +278,14 @@ def configure(config: pytest.Config) -> None:
         if config.getoption("--tp", 2) < 1:
             raise UsageError(f"--tp {config.getoption('--tp')}: the number of tensor-parallel ranks must be at least 1")
         backend = resolve_backend(config.getoption("--graph-backend"), device)
-        selected: dict[str, str] = {}
-        for option in config.getoption("--impl"):
-            component, spec = impls.parse_impl_option(option)
-            selected[component] = spec
-            impls.load(component, spec, graph_backend=backend.name)  # fail now, with the reason, not in each test
+        selected = impls.parse_impl_options(config.getoption("--impl"))
+        for component, spec in selected.items():
+            # fail now, with the reason, rather than in each test
+            impls.load(component, spec, graph_backend=backend.name,
+                       time_limit=config.getoption("--startup-timeout") or None)
     except HarnessError as error:
         raise pytest.UsageError(str(error)) from None
-    config.stash[SESSION_KEY] = HarnessSession(device, backend, selected)
+    config.stash[SESSION_KEY] = HarnessSession(device, backend, selected, os.environ.get("PYTHONPATH") or None)
 
 
 def selected_implementation(config: pytest.Config, component: str) -> impls.Implementation:
@@ -319,7 +324,8 @@ def reproduce_command(config: pytest.Config, nodeid: str, *, replay: tuple[str, 
                       seed: str | None = None) -> str:
     """The command line that reruns test ``nodeid`` as this session ran it, from any directory.
 
-    It names the test by absolute path with ``--rootdir`` (so the root conftest and the pytest
+    It starts with ``PYTHONPATH=...`` when that is set and this session's interpreter (``python -m
+    pytest``), names the test by absolute path with ``--rootdir`` (so the root conftest and the pytest
     options of the project apply wherever it is run), the device, backend and implementations, the
     hypothesis profile, and, for a hypothesis failure, ``--reproduce-failure VERSION:BLOB`` (replays
     the falsifying example without the local example database, no search, no shrinking) or the
@@ -329,7 +335,10 @@ def reproduce_command(config: pytest.Config, nodeid: str, *, replay: tuple[str, 
     session = session_of(config)
     root = config.rootpath
     path, sep, rest = nodeid.partition("::")
-    parts = ["pytest", f"{root / path}{sep}{rest}", "--rootdir", str(root),
+    # The interpreter that ran this session (its environment has the harness and the implementations),
+    # and PYTHONPATH, through which an outside --impl module may have been found: pasteable in a new shell.
+    prefix = [f"PYTHONPATH={session.pythonpath}"] if session.pythonpath else []
+    parts = [sys.executable, "-m", "pytest", f"{root / path}{sep}{rest}", "--rootdir", str(root),
              "--device", session.device.type, "--graph-backend", session.backend.name]
     for component, spec in session.impl_specs.items():
         parts += ["--impl", f"{component}={spec}"]
@@ -344,7 +353,7 @@ def reproduce_command(config: pytest.Config, nodeid: str, *, replay: tuple[str, 
     replay = replay or _given_replay(config)
     if replay is not None:
         parts += ["--reproduce-failure", f"{replay[0]}:{replay[1]}"]
-    return shlex.join(parts)
+    return " ".join([*map(shlex.quote, prefix), shlex.join(parts)])
 
 
 def failure_context(request: pytest.FixtureRequest, /, **details: Any) -> dict[str, Any]:
@@ -365,10 +374,17 @@ _BLOB = re.compile(r"@reproduce_failure\('(?P<version>[^']+)', b'(?P<blob>[^']+)
 _SEED = re.compile(r"--hypothesis-seed=(?P<seed>-?\d+)")
 
 
-def _is_golden_mismatch(report: pytest.TestReport) -> bool:
-    """Whether the failure is syrupy's (``assert [+ received] == [- snapshot]``, or a missing snapshot)."""
+def _is_golden_mismatch(item: pytest.Item, report: pytest.TestReport) -> bool:
+    """Whether a golden assertion of the test failed (a mismatch or a missing snapshot).
+
+    Asked of syrupy's record of the test's snapshot assertions; the crash message is only a fallback,
+    since its form depends on the verbosity (``assert [+ received] == [- snapshot]`` at ``-vv``,
+    ``AssertionError: assert ...`` below it)."""
+    executions = getattr(getattr(item, "funcargs", {}).get("snapshot"), "executions", None)
+    if isinstance(executions, dict) and executions:
+        return any(not getattr(result, "success", True) for result in executions.values())
     crash = getattr(report.longrepr, "reprcrash", None)
-    message = getattr(crash, "message", "") or ""
+    message = (getattr(crash, "message", "") or "").removeprefix("AssertionError: ")
     return message.startswith("assert") and re.search(r"\bsnapshot\b", message, re.IGNORECASE) is not None
 
 
@@ -396,7 +412,7 @@ def annotate_failure(item: pytest.Item, report: pytest.TestReport) -> None:
     command = reproduce_command(item.config, nodeid, seed=seed["seed"] if seed else None,
                                 replay=(blob["version"], blob["blob"]) if blob else None)
     sections = [("reproduce", command)]
-    if report.when == "call" and "snapshot" in getattr(item, "fixturenames", ()) and _is_golden_mismatch(report):
+    if report.when == "call" and "snapshot" in getattr(item, "fixturenames", ()) and _is_golden_mismatch(item, report):
         update = reproduce_command(item.config, nodeid)
         sections.append(("golden", "the output does not match its golden file under golden/. If the change is "
                                    f"intended, rewrite the golden with\n  {update} --snapshot-update\n"

@@ -85,7 +85,14 @@ def _setup(config: pytest.Config) -> dict[str, Any]:
         "torch": torch.__version__,
         "transformers": transformers_version,
         "implementations": dict(getattr(session, "impl_specs", {}) or {}) or "reference",
+        "hypothesis_profile": _hypothesis_profile(),
     }
+
+
+def _hypothesis_profile() -> str:
+    from harness.pytest_support import current_hypothesis_profile
+
+    return current_hypothesis_profile()
 
 
 class RunReport:
@@ -95,6 +102,7 @@ class RunReport:
         self.config = config
         self.is_worker = hasattr(config, "workerinput")
         self.outcomes: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+        self.failed: set[str] = set()  # node ids of failed tests and errors (setup, teardown, collection)
         self.collected: dict[str, list[str]] = {}
         self.parts: list[dict[str, Any]] = []  # from xdist workers
         self.orphans: list[str] = []
@@ -143,10 +151,13 @@ class RunReport:
             outcome = "error" if report.when != "call" and report.outcome == "failed" else report.outcome
             where = report.location[0] if getattr(report, "location", None) else report.nodeid
             self.outcomes[_component(where)][outcome] += 1
+            if report.failed:
+                self.failed.add(report.nodeid)
 
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         if report.failed:
             self.outcomes[_component(report.nodeid)]["error"] += 1
+            self.failed.add(report.nodeid)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: Any, error: Any) -> None:
@@ -188,6 +199,7 @@ class RunReport:
         self.report = {
             "setup": _setup(self.config),
             "outcomes": {component: dict(counts) for component, counts in sorted(self.outcomes.items())},
+            "failed": sorted(self.failed),
             "errors": errors,
             "counters": dict(sorted(tallies["counters"].items())),
             "goldens": {
@@ -202,15 +214,39 @@ class RunReport:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             Path(path).write_text(json.dumps(self.report, indent=2) + "\n")
 
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        if self.report is None:
-            return
+    @pytest.hookimpl(tryfirst=True)  # before syrupy's summary, whose banner it drops
+    def pytest_terminal_summary(self, terminalreporter: Any, exitstatus: int) -> None:
+        _drop_syrupy_banner(self.config)
+        if self.report is None or exitstatus == pytest.ExitCode.USAGE_ERROR:
+            return  # a bad path or option: pytest's one error line is the whole story
         terminalreporter.write_sep("=", "harness run report")
         for line in format_text(self.report).splitlines():
             terminalreporter.write_line(line)
         if self.report["goldens"]["orphans"]:
             terminalreporter.write_line(
                 "orphaned goldens fail the run: delete them, or rerun with --snapshot-update", red=True)
+
+
+class _WithoutBanner:
+    """syrupy's session report without the line saying that its unused-snapshot detection is off: the
+    harness switches it off on purpose (its own orphan rule replaces it; README's *Goldens*)."""
+
+    def __init__(self, report: Any) -> None:
+        self._report = report
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._report, name)
+
+    @property
+    def lines(self) -> Any:
+        return (line for line in self._report.lines if "--snapshot-disable-unused" not in line)
+
+
+def _drop_syrupy_banner(config: pytest.Config) -> None:
+    session = getattr(config, "_syrupy", None)  # syrupy's session (private; absent without syrupy)
+    report = getattr(session, "report", None)
+    if report is not None and not isinstance(report, _WithoutBanner):
+        session.report = _WithoutBanner(report)
 
 
 def _outcome_cells(counts: dict[str, int]) -> str:
@@ -222,7 +258,7 @@ def format_text(report: dict[str, Any]) -> str:
     setup = report["setup"]
     lines = [f"device {setup['device']} ({setup['device_class']}), graph backend {setup['graph_backend']}, "
              f"torch {setup['torch']}, transformers {setup['transformers']}, "
-             f"implementations {setup['implementations']}"]
+             f"implementations {setup['implementations']}, hypothesis profile {setup.get('hypothesis_profile', '?')}"]
     for component, counts in report["outcomes"].items():
         lines.append(f"  {component:<12} {_outcome_cells(counts) or 'nothing ran'}")
     for dtype_name, entry in report["errors"].items():

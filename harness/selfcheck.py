@@ -24,6 +24,7 @@ import dataclasses
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -34,7 +35,7 @@ from typing import Any
 from harness import components, impls
 
 __all__ = ["Outcome", "HINTS_PATH", "default_jobs", "run_one", "run_selfcheck", "judge", "format_matrix", "write_json",
-           "read_hints", "write_hints"]
+           "read_hints", "write_hints", "TEST_SECONDS", "PROCESS_SECONDS"]
 
 _FAILED_LINE = re.compile(r"^(?:FAILED|ERROR) (\S+)", re.MULTILINE)
 # Which test killed which mutant last, per graph backend; relative to the project root.
@@ -42,6 +43,11 @@ HINTS_PATH = Path("golden") / "selfcheck" / "kill_matrix.json"
 # Concurrent pytest processes per GPU (never more than the cores): the suites' kernels are tiny, so a
 # mutant's run is mostly process start-up, imports and capture on the host; eight share an H200 well.
 PROCESSES_PER_GPU = 8
+# Time limits of each child: per test (pytest-timeout's --timeout, which a hang inside a hypothesis test
+# cannot escape: harness.timeout_plugin), and for the whole process, which is then stopped with its
+# xdist workers. The longest test of the suites takes seconds; a reference's whole suite a few minutes.
+TEST_SECONDS = 300.0
+PROCESS_SECONDS = 1500.0
 
 
 # A reference runs its whole suite, so it is the longest run of the matrix: where there are cores to
@@ -55,7 +61,7 @@ class Outcome:
     component: str
     spec: str
     kind: str
-    verdict: str  # passed / killed / survived / failed / error / not judged / skipped (not run on this backend)
+    verdict: str  # passed / killed / survived / failed / error / not judged / timed out / skipped (not run on this backend)
     first_failure: str
     seconds: float  # the whole process
     command: str
@@ -113,9 +119,19 @@ def _effective_backend(graph_backend: str, device: str) -> str:
     return "cuda" if device != "cpu" and torch.cuda.is_available() else "emulated"
 
 
+def _stop(process: subprocess.Popen) -> None:
+    """Stop a child started in its own session, with everything it started (pytest-xdist workers)."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (AttributeError, ProcessLookupError, PermissionError):  # no process groups here, or already gone
+        process.kill()
+
+
 def run_one(impl: impls.Implementation, *, graph_backend: str, device: str, root: Path,
-            extra_args: list[str] | None = None, threads: int | None = None, first: str = "") -> Outcome:
-    """Run ``impl`` against its component's suite in a child pytest process, ``first`` (a node id) first."""
+            extra_args: list[str] | None = None, threads: int | None = None, first: str = "",
+            test_timeout: float | None = TEST_SECONDS, process_timeout: float | None = PROCESS_SECONDS) -> Outcome:
+    """Run ``impl`` against its component's suite in a child pytest process, ``first`` (a node id) first,
+    each test under ``test_timeout`` seconds and the process under ``process_timeout`` (None: no limit)."""
     suite = components.get_component(impl.component).suite
     is_mutant = impl.kind != "reference"
     command = [
@@ -123,7 +139,8 @@ def run_one(impl: impls.Implementation, *, graph_backend: str, device: str, root
         sys.executable, "-m", "pytest", str(root / suite), "--rootdir", str(root), *(["-x"] if is_mutant else []),
         "-q", "-p", "no:cacheprovider",
         "-p", "harness._selfcheck_plugin", "-rfE", "--impl", f"{impl.component}={impl.name}",
-        "--graph-backend", graph_backend, "--device", device, *(extra_args or []),
+        "--graph-backend", graph_backend, "--device", device,
+        *(["--timeout", f"{test_timeout:g}"] if test_timeout else []), *(extra_args or []),
     ]
     environment = dict(os.environ)
     environment.setdefault("HYPOTHESIS_PROFILE", "selfcheck")  # ci's examples, no shrinking
@@ -141,20 +158,32 @@ def run_one(impl: impls.Implementation, *, graph_backend: str, device: str, root
         environment["HARNESS_FIRST_FAILURE"] = str(report_path)
         environment["HARNESS_STARTED_AT"] = repr(time.time())
         started = time.perf_counter()
-        completed = subprocess.run(command, cwd=root, env=environment, capture_output=True, text=True)
+        process = subprocess.Popen(command, cwd=root, env=environment, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            stdout, stderr = process.communicate(timeout=process_timeout)
+            returncode: int | None = process.returncode
+        except subprocess.TimeoutExpired:
+            _stop(process)
+            stdout, stderr = process.communicate()
+            returncode = None
         seconds = time.perf_counter() - started
         first_failure = json.loads(report_path.read_text()) if report_path.is_file() else None
-    output = completed.stdout + completed.stderr
+    output = stdout + stderr
     listed = _FAILED_LINE.findall(output)
     failures = [first_failure["nodeid"]] if first_failure else listed
-    if completed.returncode == 0:
+    if returncode is None and not failures:
+        verdict = "timed out"
+        failures = [f"no verdict within the process limit of {process_timeout:g} s (--process-timeout); "
+                    "the process and its workers were stopped"]
+    elif returncode == 0:
         verdict = "passed" if impl.kind == "reference" else "survived"
-    elif completed.returncode == 1:
+    elif returncode in (1, None):  # None: a test had failed before the process ran out of time
         verdict = "killed" if impl.kind != "reference" else "failed"
     else:  # usage error, internal error, interrupted, no tests collected: the check itself is broken
         verdict = "error"
         tail = [line for line in output.strip().splitlines() if line.strip()][-1:] or ["(no output)"]
-        failures = failures or [f"pytest exit {completed.returncode}: {tail[0][:160]}"]
+        failures = failures or [f"pytest exit {returncode}: {tail[0][:160]}"]
     display = " ".join(["pytest", suite, "--impl", f"{impl.component}={impl.name}",
                         "--graph-backend", graph_backend, "--device", device, "-x"])
     return Outcome(impl.component, impl.name, impl.kind, verdict, failures[0] if failures else "", seconds,
@@ -182,8 +211,9 @@ def judge(outcomes: list[Outcome]) -> list[Outcome]:
 
 
 def run_selfcheck(*, components: list[str], graph_backend: str, device: str, jobs: int | None,
-                  root: Path) -> list[Outcome]:
-    """The reference and every mutant of each component, ``jobs`` processes at once."""
+                  root: Path, test_timeout: float | None = TEST_SECONDS,
+                  process_timeout: float | None = PROCESS_SECONDS) -> list[Outcome]:
+    """The reference and every mutant of each component, ``jobs`` processes at once (limits: :func:`run_one`)."""
     jobs = jobs or default_jobs(device)
     backend = _effective_backend(graph_backend, device)
     hints = read_hints(root)
@@ -200,7 +230,8 @@ def run_selfcheck(*, components: list[str], graph_backend: str, device: str, job
 
     def submit(pool: concurrent.futures.Executor, impl: impls.Implementation, threads: int) -> Any:
         return pool.submit(run_one, impl, graph_backend=graph_backend, device=device, root=root, threads=threads,
-                           first=hints.get((impl.component, impl.name, backend), ""))
+                           first=hints.get((impl.component, impl.name, backend), ""),
+                           test_timeout=test_timeout, process_timeout=process_timeout)
 
     if reference_workers() == 1:
         # References run whole suites: start them first, in the same slots, so they do not finish last.

@@ -103,3 +103,27 @@ def test_plot_without_the_extra_is_a_usage_error_before_measuring(bench):
         assert "pip install -e .[plot]" in completed.stderr and "Traceback" not in completed.stderr
     else:
         pytest.skip("matplotlib is installed here: the missing-extra message cannot be shown")
+
+
+def test_a_baseline_of_another_device_class_is_refused_before_measuring(bench, monkeypatch):
+    from harness.bench import gather as gather_bench
+
+    def measure(*args, **kwargs):
+        raise AssertionError("measured before checking the baseline")
+
+    monkeypatch.setattr(gather_bench, "run", measure)
+    completed = bench("gather", "--device", "cpu", "--baseline", "harness/bench/baselines/h200-gather.json")
+    assert completed.returncode == 2 and completed.stdout == ""
+    assert "the baseline was measured on 'cuda:NVIDIA H200/cuda', this run on 'cpu/emulated'" in completed.stderr
+
+
+def test_a_raising_implementation_is_one_line(bench, tmp_path, monkeypatch):
+    (tmp_path / "raising_gather.py").write_text(
+        "def gather(indices, topk_p_buf, topk_index_buf, output_tokens_buf, hidden_states_buf):\n"
+        "    raise RuntimeError('kernel not built for this device')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    completed = bench("gather", "--device", "cpu", "--counts", "1", "--impl", "gather=raising_gather:gather")
+    assert completed.returncode == 2 and "Traceback" not in completed.stderr
+    assert completed.stderr.strip() == (
+        "error: bench gather: the candidate implementation raised on its first call (index count 1, with_hidden=True): "
+        "RuntimeError: kernel not built for this device (at raising_gather.py:2)")

@@ -59,6 +59,8 @@ _USAGE_CASES = {
                                "the harness registers: dev, ci"),
     "malformed-impl": (["--impl", "gather"], {}, 4, "bad --impl 'gather'"),
     "missing-module": (["--impl", "graphs=missing_pkg.mod:fn"], {}, 4, "cannot be imported"),
+    "impl-twice": (["--impl", "gather=reference", "--impl", "gather=eager"], {}, 4,
+                   r"--impl gather= is given twice \('reference' and 'eager'\)"),
     "unknown-mutant": (["--impl", "graphs=mutant:nope"], {}, 4, "no registered implementation"),
     "syntax-error": (["--impl", "graphs=issue12_cli_syntax:X"], {}, 4,
                      r"SyntaxError: invalid syntax \(at issue12_cli_syntax.py:1\)"),

@@ -87,7 +87,6 @@ def test_the_package_has_no_import_cycle():
     # Importing a submodule imports its parent packages first.
     for name in list(graph):
         for target in list(graph[name]):
-            parts = target.split(".")
             graph[name].update(parent for parent in ancestors(target) if parent in modules
                                and parent != name and parent not in ancestors(name))
     visiting, done, cycle = set(), set(), []

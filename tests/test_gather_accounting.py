@@ -9,8 +9,8 @@ import signal
 import pytest
 import torch
 
-from harness.gather import GatherCase, compile_accounting, compiled_gather, count_launches, eager_gather
 from harness import bench
+from harness.gather import GatherCase, compile_accounting, compiled_gather, count_launches, eager_gather
 from harness.gather.probe import ProbeCase, probe
 from harness.graphs import GraphCapturer, get_backend
 

@@ -67,6 +67,8 @@ def test_report_is_written_as_json_and_merged_across_xdist_workers(pytester):
                                  "*largest bfloat16 error 0.00781*"])
     report = json.loads((pytester.path / "out/report.json").read_text())
     assert report["outcomes"] == {"demo": {"passed": 1, "failed": 1}}
+    assert report["failed"] == ["suites/demo/test_demo.py::test_broken"]
+    assert report["setup"]["hypothesis_profile"] in ("dev", "ci", "default")
     assert report["counters"] == {"runner.replays": 1}
     assert report["errors"]["bfloat16"]["comparisons"] == 1
     assert report["exit_status"] == 1

@@ -27,15 +27,31 @@ FAILURES = {
     "suites/graphs/test_stateful.py::test_graph_lifecycle": "MismatchError",
     "suites/runner/test_goldens.py::test_capture_plan[dense]": "AssertionError",
 }
-# skip-break and no-writeback are killed by the first two tests; whole-model-capture changes the
-# discovered module, which the capture-plan golden pins.
-MUTANTS = ["--impl", "graphs=mutant:no-writeback", "--impl", "runner=mutant:whole-model-capture"]
+# no-writeback is killed by the first two tests; whole-model-capture changes the discovered module,
+# which the capture-plan golden pins. The runner comes from an outside module found through PYTHONPATH
+# only, as a user's engine code would: the reproduce line must carry it.
+MUTANTS = ["--impl", "graphs=mutant:no-writeback", "--impl", "runner=outside_runner:make_runner"]
+OUTSIDE_MODULE = """from harness import impls
+
+make_runner = impls.load("runner", "mutant:whole-model-capture").obj
+"""
 
 
-def _pytest(args: list[str], cwd: Path) -> str:
-    environment = {key: value for key, value in os.environ.items() if key not in ("CI", "HYPOTHESIS_PROFILE")}
+def _environment(**extra: str) -> dict[str, str]:
+    drop = ("CI", "HYPOTHESIS_PROFILE", "PYTHONPATH")
+    return {**{key: value for key, value in os.environ.items() if key not in drop}, **extra}
+
+
+def _pytest(args: list[str], cwd: Path, **environment: str) -> str:
     completed = subprocess.run([sys.executable, "-m", "pytest", *args], cwd=cwd, capture_output=True, text=True,
-                               timeout=600, env=environment)
+                               timeout=600, env=_environment(**environment))
+    return completed.stdout + completed.stderr
+
+
+def _shell(line: str, cwd: Path) -> str:
+    """Run a pasted command line in a new shell without PYTHONPATH, as a user would."""
+    completed = subprocess.run(["bash", "-c", line], cwd=cwd, capture_output=True, text=True, timeout=600,
+                               env=_environment())
     return completed.stdout + completed.stderr
 
 
@@ -52,20 +68,29 @@ def _sections(output: str, title: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def first_run() -> str:
+def outside(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("outside")
+    (folder / "outside_runner.py").write_text(OUTSIDE_MODULE)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def first_run(outside) -> str:
     """The three failures, run from the project root as usual, under the ci profile (no example database)."""
-    return _pytest([*FAILURES, "-p", "no:cacheprovider", "--hypothesis-profile", "ci", *MUTANTS], cwd=ROOT)
+    return _pytest([*FAILURES, "-p", "no:cacheprovider", "--hypothesis-profile", "ci", *MUTANTS], cwd=ROOT,
+                   PYTHONPATH=str(outside))
 
 
 @pytest.mark.parametrize("nodeid", list(FAILURES))
-def test_reproduce_line_reruns_the_same_failure_from_elsewhere(first_run, tmp_path, nodeid):
+def test_reproduce_line_reruns_the_same_failure_from_elsewhere(first_run, outside, tmp_path, nodeid):
     name = nodeid.split("::")[-1]
     lines = _sections(first_run, "reproduce")
     assert name in lines, f"no reproduce section for {name}:\n{first_run[-4000:]}"
     line = lines[name]
     assert "\n" not in line, line
     command = shlex.split(line)
-    assert command[0] == "pytest" and command[1] == f"{ROOT}/{nodeid}", line
+    assert command[:4] == [f"PYTHONPATH={outside}", sys.executable, "-m", "pytest"], line
+    assert command[4] == f"{ROOT}/{nodeid}", line
     device = "cuda" if torch.cuda.is_available() else "cpu"  # --device auto, as the first run had it
     for expected in (["--rootdir", str(ROOT)], ["--hypothesis-profile", "ci"], ["--device", device]):
         assert " ".join(expected) in " ".join(command), line
@@ -75,7 +100,7 @@ def test_reproduce_line_reruns_the_same_failure_from_elsewhere(first_run, tmp_pa
 
     elsewhere = tmp_path / "another" / "directory"
     elsewhere.mkdir(parents=True)
-    again = _pytest([*command[1:], "-p", "no:cacheprovider"], cwd=elsewhere)
+    again = _shell(f"{line} -p no:cacheprovider", cwd=elsewhere)
     assert re.search(r"\b1 failed\b", again), again[-4000:]
     assert FAILURES[nodeid] in again, again[-4000:]
     if hypothesis_test:
@@ -96,6 +121,13 @@ def test_golden_failure_says_how_to_update_and_review(first_run):
     assert hint, first_run[-4000:]
     assert "--snapshot-update" in hint and "git diff golden/" in hint
     update = next(line.strip() for line in hint.splitlines() if "--snapshot-update" in line)
-    assert shlex.split(update)[1] == f"{ROOT}/suites/runner/test_goldens.py::test_capture_plan[dense]"
+    assert shlex.split(update)[4] == f"{ROOT}/suites/runner/test_goldens.py::test_capture_plan[dense]"
     # Only goldens get the hint: the hypothesis failures are not golden mismatches.
     assert set(_sections(first_run, "golden")) == {"test_capture_plan[dense]"}
+
+
+def test_golden_hint_at_quiet_verbosity(outside):
+    """The hint does not depend on how pytest words the assertion at a verbosity (first_run is the default)."""
+    output = _pytest(["suites/runner/test_goldens.py::test_capture_plan[dense]", "-q", "-p", "no:cacheprovider",
+                      "--impl", "runner=outside_runner:make_runner"], cwd=ROOT, PYTHONPATH=str(outside))
+    assert "--snapshot-update" in _sections(output, "golden").get("test_capture_plan[dense]", ""), output[-4000:]

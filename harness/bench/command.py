@@ -129,6 +129,9 @@ def _run(options: argparse.Namespace) -> int:
     thresholds = baselines.Thresholds(floor=options.time_floor, noise_factor=options.noise_factor,
                                       speedup_floor=options.speedup_floor)
     env = environment(device, backend_name)
+    if baseline is not None:  # another benchmark or device class is refused before measuring anything
+        baselines.check_comparable({"benchmark": options.benchmark, "environment": env,
+                                    "settings": baseline.get("settings", {})}, baseline)
     spin_up(device)
     result = module.run(options, device=device, backend=backend, implementations=implementations,
                         repeat=options.repeat or 30)

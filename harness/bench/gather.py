@@ -24,7 +24,8 @@ import torch
 from harness import impls
 from harness.bench.report import Figure, Result, Stat, format_stat, plot_speedups
 from harness.bench.timing import synchronize, time_call
-from harness.errors import UsageError
+from harness.candidates import describe_exception
+from harness.errors import ImplementationError, UsageError
 from harness.gather.accounting import compile_accounting, count_launches
 from harness.gather.cases import BufferSpec, GatherCase
 from harness.graphs import GraphCapturer
@@ -101,7 +102,12 @@ def _measure(role: str, gather: Callable[..., Any], *, device: torch.device, bac
 
                 synchronize(device)
                 first = time.perf_counter()
-                call()
+                try:
+                    call()
+                except Exception as error:  # noqa: BLE001 - the implementation's own failure, said in one line
+                    raise ImplementationError(
+                        f"bench gather: the {role} implementation raised on its first call (index count {count}, "
+                        f"with_hidden={with_hidden}): {describe_exception(error)}") from None
                 synchronize(device)
                 row: dict[str, Any] = {"implementation": role, "hidden": with_hidden, "count": count,
                                        "first_call_ms": (time.perf_counter() - first) * 1e3 if on_cuda else None}
@@ -146,10 +152,15 @@ def run(options: argparse.Namespace, *, device: torch.device, backend: Any, impl
         chosen["candidate"] = candidate.obj
     rows: list[dict[str, Any]] = []
     totals: dict[str, Any] = {}
-    for role, gather in chosen.items():
-        measured, totals[role] = _measure(role, gather, device=device, backend=backend, settings=settings,
+    # The candidate is measured first, so that its failure ends the run before the others' compiles; the
+    # rows keep the order eager, reference, candidate.
+    for role in sorted(chosen, key=lambda role: role != "candidate"):
+        measured, totals[role] = _measure(role, chosen[role], device=device, backend=backend, settings=settings,
                                           repeat=repeat)
         rows.extend(measured)
+    order = list(chosen)
+    rows.sort(key=lambda row: order.index(row["implementation"]))
+    totals = {role: totals[role] for role in order}
     if spec in chosen:  # the candidate is eager or the reference itself: its figures are theirs
         rows.extend({**row, "implementation": "candidate"} for row in list(rows) if row["implementation"] == spec)
         totals["candidate"] = totals[spec]

@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from harness.graphs import eager_on_graph
 from harness.batch import ForwardBatch, HiddenMode, current_batch, forward_context
+from harness.graphs import eager_on_graph
 
 __all__ = [
     "ModelConfig",

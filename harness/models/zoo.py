@@ -17,7 +17,6 @@ from torch import nn
 
 from harness.batch import ForwardBatch, forward_context
 from harness.errors import UsageError
-from harness.models.paged import PagedDecoderLM
 from harness.models.engine import (
     CausalLM,
     EngineModel,
@@ -26,6 +25,7 @@ from harness.models.engine import (
     ModelConfig,
     SideInputEngineModel,
 )
+from harness.models.paged import PagedDecoderLM
 
 __all__ = [
     "MODEL_NAMES",

@@ -8,8 +8,8 @@ from typing import Optional
 
 import torch
 
-from harness.mutants import MutantSet
 from harness.gather.reference import GatherOutputs, compiled_gather, eager_gather
+from harness.mutants import MutantSet
 
 __all__ = ["MUTANTS"]  # the mutants are reached through the registry, never imported by name
 

@@ -15,10 +15,10 @@ from typing import Any, Callable, Iterator
 
 from torch import nn
 
-from harness.errors import BucketError
 from harness.batch import ForwardBatch, HiddenMode, forward_context
-from harness.runner.discovery import DiscoveryResult, layer_list
+from harness.errors import BucketError
 from harness.mutants import MutantSet, runner_distributed
+from harness.runner.discovery import DiscoveryResult, layer_list
 from harness.runner.runner import LayerStackRunner, StaticInputs
 
 __all__ = ["MUTANTS"]  # the mutants are reached through the registry, never imported by name

@@ -10,10 +10,10 @@ from __future__ import annotations
 from harness.batch import ForwardBatch, HiddenMode, current_batch, forward_context, select_bucket, validate_buckets
 from harness.runner.discovery import (
     DEFAULT_RULES,
+    RULES,
     DiscoveryResult,
     DiscoveryRule,
     DiscoveryWarning,
-    RULES,
     discover_layer_model,
     harness_rule,
     layer_list,

@@ -12,8 +12,8 @@ from typing import Any, Callable
 import torch
 from hypothesis import strategies as st
 
-from harness.models import LogitsOutput, ModelConfig
 from harness.batch import ForwardBatch, select_bucket
+from harness.models import LogitsOutput, ModelConfig
 
 __all__ = [
     "BUCKETS",

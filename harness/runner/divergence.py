@@ -18,6 +18,7 @@ from torch import nn
 from harness.compare import tolerance_for
 from harness.errors import MismatchError
 from harness.batch import ForwardBatch
+from harness.compare import tolerance_for
 from harness.runner.discovery import layer_list
 
 __all__ = ["LayerDivergence", "eager_layer_outputs", "localise", "architecture_divergence", "format_divergence_table",

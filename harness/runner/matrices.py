@@ -17,6 +17,7 @@ from typing import Any, Iterable
 import torch
 from torch import nn
 
+from harness.batch import ForwardBatch
 from harness.compare import tolerance_for
 from harness.errors import CaptureError
 from harness.models.transformers_adapter import TransformersAdapter
@@ -28,7 +29,6 @@ from harness.models.transformers_zoo import (
     build_architecture,
     text_config_of,
 )
-from harness.batch import ForwardBatch
 from harness.runner.discovery import RULES, DiscoveryResult, DiscoveryRule, layer_list
 from harness.runner.runner import LayerStackRunner
 

@@ -42,9 +42,9 @@ import torch
 from torch import nn
 
 from harness import distributed, observations
+from harness.batch import ForwardBatch, HiddenMode, forward_context, select_bucket, validate_buckets
 from harness.errors import BucketError, CaptureError, ReplayError
 from harness.graphs import BreakableGraph
-from harness.batch import ForwardBatch, HiddenMode, forward_context, select_bucket, validate_buckets
 from harness.runner.discovery import (
     DEFAULT_RULES,
     DiscoveryResult,

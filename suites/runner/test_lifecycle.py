@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from harness.compare import assert_equivalent
 from harness.errors import BucketError, ReplayError
 from harness.models import build_model
-from harness.compare import assert_equivalent
 from harness.runner.cases import BUCKETS, SEED, eager_padded, make_batch
 
 

@@ -296,6 +296,6 @@ class RankPool:
             elif kind == "died":
                 fates[rank] = f"died (exit code {payload}) during the step"
             else:
-                fates[rank] = f"hung: did not finish the step within its deadline (killed)"
+                fates[rank] = "hung: did not finish the step within its deadline (killed)"
         self.close()  # ranks that raised have exited, the others are killed; the next step starts afresh
         raise RankFailure(step, fates, raised=raised)

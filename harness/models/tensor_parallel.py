@@ -27,6 +27,7 @@ bitwise; ranks agree with each other bitwise (an all-reduce hands every rank the
 from __future__ import annotations
 
 import copy
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F

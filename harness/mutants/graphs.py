@@ -15,8 +15,15 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from harness.errors import CaptureError, ReplayError
-from harness.graphs import (Break, BreakableGraph, CaptureSession, GraphCapturer, check_capturable, copy_tensor,
-                            write_back)
+from harness.graphs import (
+    Break,
+    BreakableGraph,
+    CaptureSession,
+    GraphCapturer,
+    check_capturable,
+    copy_tensor,
+    write_back,
+)
 from harness.mutants import MutantSet
 
 __all__ = ["MUTANTS"]  # the mutants are reached through the registry, never imported by name

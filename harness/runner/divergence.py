@@ -15,10 +15,9 @@ from typing import Any, Iterable, Mapping
 import torch
 from torch import nn
 
-from harness.compare import tolerance_for
-from harness.errors import MismatchError
 from harness.batch import ForwardBatch
 from harness.compare import tolerance_for
+from harness.errors import MismatchError
 from harness.runner.discovery import layer_list
 
 __all__ = ["LayerDivergence", "eager_layer_outputs", "localise", "architecture_divergence", "format_divergence_table",

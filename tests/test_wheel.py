@@ -159,7 +159,8 @@ def _check_outside_modules(python: Path, env: dict[str, str], tmp_path: Path) ->
     output = broken.stdout + broken.stderr
     assert broken.returncode == 1, output[-5000:]
     assert "MismatchError" in output and "implementations: {'gather': 'engine_ops:broken_gather'}" in output, output[-5000:]
-    reproduce = re.search(r"^-+ reproduce -+\n(pytest .*)$", output, re.MULTILINE)
+    # The reproduce line carries PYTHONPATH and the interpreter (harness.pytest_support.reproduce_command).
+    reproduce = re.search(r"^-+ reproduce -+\n(.* -m pytest .*)$", output, re.MULTILINE)
     assert reproduce, output[-5000:]
     assert "site-packages/harness/suites/gather/test_" in reproduce[1] and "--impl gather=engine_ops:broken_gather" in reproduce[1]
     assert re.search(r"^  gather +1 failed$", output, re.MULTILINE), output[-3000:]

@@ -237,18 +237,24 @@ def _title(report: ConformanceReport) -> str:
     return f"Conformance of {what}, graph backend {report.graph_backend}, device {report.device}"
 
 
+def _tests_passed(result: ClauseResult) -> str:
+    return f"{result.passed}/{result.passed + result.failed + result.skipped}"
+
+
+def _example(result: ClauseResult, *, code: str = "") -> str:
+    """The first falsifying example (its test name quoted with ``code``), or why the clause did not run."""
+    if result.first_failure:
+        return f"{code}{_test_name(result.first_failure['nodeid'])}{code}: {_first_line(result.first_failure)}"
+    return result.skip_reason if result.verdict == NOT_RUN else ""
+
+
 def format_text(report: ConformanceReport) -> str:
     """The report for a terminal: the two headlines, then one row per clause."""
     lines = [_title(report), report.headline(_clauses.CORE), report.headline(_clauses.STRICT)]
     lines += [f"INCOMPLETE: {report.stopped}", ""] if report.stopped else [""]
     rows = [("tier", "clause", "verdict", "tests", "first falsifying example")]
     for r in report.results:
-        example = ""
-        if r.first_failure:
-            example = f"{_test_name(r.first_failure['nodeid'])}: {_first_line(r.first_failure)}"
-        elif r.verdict == NOT_RUN:
-            example = r.skip_reason
-        rows.append((r.tier, r.clause, r.verdict, f"{r.passed}/{r.passed + r.failed + r.skipped}", example))
+        rows.append((r.tier, r.clause, r.verdict, _tests_passed(r), _example(r)))
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     for row in rows:
         lines.append("  ".join(cell.ljust(width) for cell, width in zip(row[:4], widths)) + "  " + row[4])
@@ -274,14 +280,8 @@ def format_markdown(report: ConformanceReport) -> str:
            + ".", "", "| tier | clause | verdict | tests passed | first falsifying example |",
            "| --- | --- | --- | --- | --- |"]
     for r in report.results:
-        example = ""
-        if r.first_failure:
-            example = f"`{_test_name(r.first_failure['nodeid'])}`: {_first_line(r.first_failure)}"
-        elif r.verdict == NOT_RUN:
-            example = r.skip_reason
         verdict = f"**{r.verdict}**" if r.verdict == VIOLATED else r.verdict
-        out.append(f"| {r.tier} | `{r.clause}` | {verdict} | {r.passed}/{r.passed + r.failed + r.skipped} | "
-                   f"{_cell(example)} |")
+        out.append(f"| {r.tier} | `{r.clause}` | {verdict} | {_tests_passed(r)} | {_cell(_example(r, code='`'))} |")
     violated = [r for r in report.results if r.first_failure]
     if violated:
         out += ["", "### Violations"]

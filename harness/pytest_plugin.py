@@ -31,13 +31,8 @@ pytest_support.register_hypothesis_profiles()
 pytest_plugins = ["harness.report", "harness.timeout_plugin"]
 
 
-def pytest_addoption(parser: pytest.Parser) -> None:
-    pytest_support.add_options(parser)
-
-
-def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser) -> None:
-    # Every plugin is loaded by now (entry points in no set order): only now is syrupy's absence known.
-    pytest_support.add_snapshot_update_placeholder(parser, early_config.pluginmanager)
+def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
+    pytest_support.add_options(parser, pluginmanager)
 
 
 # The suites' markers, declared here rather than in a project's configuration, so that the suites run the

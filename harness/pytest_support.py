@@ -97,11 +97,25 @@ def add_options(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager
 
 
 def add_snapshot_update_placeholder(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
-    """Without syrupy its option would be "unrecognized": accept it, and say what is missing. Call it once
-    every plugin is loaded (entry points load in no set order: syrupy may come after the harness)."""
-    if not pluginmanager.has_plugin("syrupy"):
+    """Without syrupy its option would be "unrecognized": accept it, and say what is missing.
+
+    Decided when the harness's options are added, however the plugin came (an entry point, which may load
+    before syrupy's, or a checkout's conftest, which loads after every entry point): syrupy will be there
+    when it is registered already, or is installed with its pytest11 entry point that is neither blocked
+    (``-p no:syrupy``) nor kept from loading (PYTEST_DISABLE_PLUGIN_AUTOLOAD)."""
+    if not _syrupy_will_be_registered(pluginmanager):
         parser.getgroup("harness").addoption("--snapshot-update", action="store_true",
                                              help="(needs syrupy, which is not installed)")
+
+
+def _syrupy_will_be_registered(pluginmanager: pytest.PytestPluginManager) -> bool:
+    if pluginmanager.has_plugin("syrupy"):
+        return True
+    if pluginmanager.is_blocked("syrupy") or os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
+        return False
+    import importlib.metadata
+
+    return any(entry.name == "syrupy" for entry in importlib.metadata.entry_points(group="pytest11"))
 
 
 # The profiles the harness registers (hypothesis adds "default"); README.md says what each is for.

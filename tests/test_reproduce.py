@@ -37,9 +37,19 @@ make_runner = impls.load("runner", "mutant:whole-model-capture").obj
 """
 
 
+# What this interpreter itself needs on PYTHONPATH (empty where the harness is installed, as in a user's CI;
+# the checkout and carried wheels where .ci/gpu/run puts them there): kept after the outside module's folder,
+# as a user's shell would keep it, so a child finds the harness and syrupy the way this process did.
+HARNESS_PYTHONPATH = os.environ.get("PYTHONPATH", "")
+
+
 def _environment(**extra: str) -> dict[str, str]:
     drop = ("CI", "HYPOTHESIS_PROFILE", "PYTHONPATH")
-    return {**{key: value for key, value in os.environ.items() if key not in drop}, **extra}
+    environment = {**{key: value for key, value in os.environ.items() if key not in drop}, **extra}
+    path = os.pathsep.join(p for p in (extra.get("PYTHONPATH", ""), HARNESS_PYTHONPATH) if p)
+    if path:
+        environment["PYTHONPATH"] = path
+    return environment
 
 
 def _pytest(args: list[str], cwd: Path, **environment: str) -> str:
@@ -49,7 +59,7 @@ def _pytest(args: list[str], cwd: Path, **environment: str) -> str:
 
 
 def _shell(line: str, cwd: Path) -> str:
-    """Run a pasted command line in a new shell without PYTHONPATH, as a user would."""
+    """Run a pasted command line in a new shell, with no PYTHONPATH beyond what the harness itself needs here."""
     completed = subprocess.run(["bash", "-c", line], cwd=cwd, capture_output=True, text=True, timeout=600,
                                env=_environment())
     return completed.stdout + completed.stderr
@@ -89,7 +99,8 @@ def test_reproduce_line_reruns_the_same_failure_from_elsewhere(first_run, outsid
     line = lines[name]
     assert "\n" not in line, line
     command = shlex.split(line)
-    assert command[:4] == [f"PYTHONPATH={outside}", sys.executable, "-m", "pytest"], line
+    expected_path = os.pathsep.join(p for p in (str(outside), HARNESS_PYTHONPATH) if p)
+    assert command[:4] == [f"PYTHONPATH={expected_path}", sys.executable, "-m", "pytest"], line
     assert command[4] == f"{ROOT}/{nodeid}", line
     device = "cuda" if torch.cuda.is_available() else "cpu"  # --device auto, as the first run had it
     for expected in (["--rootdir", str(ROOT)], ["--hypothesis-profile", "ci"], ["--device", device]):

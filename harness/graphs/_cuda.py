@@ -2,7 +2,9 @@
 
 Warm-up runs on a side stream (lazy cuBLAS handles, autotuning and compiles must not happen during
 capture). All segments of a capture, and all graphs that share a pool, allocate from one CUDA
-graph memory pool. The whole capture, breaks included, runs on one capture stream that first
+graph memory pool. The whole capture, breaks included, runs on the backend's capture stream (one for
+all its captures, as an engine's runner keeps one: the caching allocator reuses a pool's free blocks only
+on the stream that freed them, so graphs sharing a pool share memory only on one stream), which first
 waits for the caller's stream; the caller's stream waits for it again when each segment ends, so
 work forked onto the capture stream is joined before anything after the segment runs.
 """
@@ -78,6 +80,7 @@ class CudaBackend(GraphBackend):
         self.device = torch.device(device or "cuda")
         self._capture_stream: torch.cuda.Stream | None = None
         self._caller_stream: torch.cuda.Stream | None = None
+        self._stream_of_every_capture: torch.cuda.Stream | None = None
 
     def new_pool(self) -> Any:
         return torch.cuda.graph_pool_handle()
@@ -109,7 +112,9 @@ class CudaBackend(GraphBackend):
     @contextlib.contextmanager
     def _capture_streams(self) -> Iterator[None]:
         self._caller_stream = torch.cuda.current_stream(self.device)
-        self._capture_stream = torch.cuda.Stream(device=self.device)
+        if self._stream_of_every_capture is None:
+            self._stream_of_every_capture = torch.cuda.Stream(device=self.device)
+        self._capture_stream = self._stream_of_every_capture
         self._capture_stream.wait_stream(self._caller_stream)
         try:
             with torch.cuda.device(self.device), torch.cuda.stream(self._capture_stream):

@@ -126,12 +126,17 @@ def test_no_layer_diverges(architecture_runner, device, name):
     assert report.first_divergent is None, f"{name}: replay departs from eager\n{report}"
 
 
-def _capture_matrix(graph_backend, device):
+# The zoo is captured in shards, so that under pytest-xdist several workers capture at once (the whole zoo
+# on one worker was the suites' longest step on the H200: 33 s of 72).
+CAPTURE_SHARDS = 8
+
+
+def _capture_shard(shard, graph_backend, device):
     graphs = GraphCapturer(graph_backend)
     matrix = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for arch in ARCHITECTURES:
+        for arch in ARCHITECTURES[shard::CAPTURE_SHARDS]:
             try:
                 matrix[arch.name] = capture_row(arch.name, graphs=graphs, device=device)
             except ArchitectureUnavailable as error:
@@ -140,25 +145,49 @@ def _capture_matrix(graph_backend, device):
 
 
 @pytest.fixture(scope="module")
-def capture_matrix(graph_backend, device, tmp_path_factory):
-    """Every architecture against every rule (reference runner, selected graph backend), computed once
-    per run: under pytest-xdist the first worker to need it writes it (plain JSON) where the others read
-    it, instead of every worker building and capturing the whole zoo again."""
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
-        return _capture_matrix(graph_backend, device)
-    from filelock import FileLock
+def capture_shard(graph_backend, device, tmp_path_factory):
+    """``capture_shard(k)``: shard ``k`` of every architecture against every rule (reference runner, selected
+    graph backend), computed once per run: under pytest-xdist the first worker to need a shard writes it
+    (plain JSON) where the others read it, instead of every worker building and capturing it again."""
+    computed = {}
 
-    shared = tmp_path_factory.getbasetemp().parent / "capture-matrix.json"
-    with FileLock(str(shared) + ".lock"):
-        if not shared.is_file():
-            shared.write_text(json.dumps(_capture_matrix(graph_backend, device)))
-        return json.loads(shared.read_text())
+    def shard_of(shard):
+        if shard not in computed:
+            if not os.environ.get("PYTEST_XDIST_WORKER"):
+                computed[shard] = _capture_shard(shard, graph_backend, device)
+            else:
+                from filelock import FileLock
+
+                shared = tmp_path_factory.getbasetemp().parent / f"capture-matrix-{shard}.json"
+                with FileLock(str(shared) + ".lock"):
+                    if not shared.is_file():
+                        shared.write_text(json.dumps(_capture_shard(shard, graph_backend, device)))
+                    computed[shard] = json.loads(shared.read_text())
+        return computed[shard]
+
+    return shard_of
 
 
-def test_harness_rule_stacks_replay_like_eager(capture_matrix):
-    # The whole capturable zoo: where the harness rule's stack captures, several requests replay it
-    # and match eager. Stacks that do not capture are recorded in the golden with the op that stopped them.
-    wrong = {name: row["harness"] for name, row in capture_matrix.items() if "harness" in row
+@pytest.fixture(scope="module")
+def capture_matrix(capture_shard):
+    """The whole matrix in the zoo's order; a worker starts at its own shard, so workers that need the whole
+    matrix at once capture different shards instead of queueing behind one lock."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    start = int(worker[2:]) if worker[2:].isdigit() else 0
+    rows = {}
+    for step in range(CAPTURE_SHARDS):
+        rows.update(capture_shard((start + step) % CAPTURE_SHARDS))
+    return {arch.name: rows[arch.name] for arch in ARCHITECTURES}
+
+
+@pytest.mark.parametrize("shard", range(CAPTURE_SHARDS), ids=lambda shard: f"shard{shard}of{CAPTURE_SHARDS}")
+def test_harness_rule_stacks_replay_like_eager(capture_shard, shard):
+    # The whole capturable zoo, a shard a test: where the harness rule's stack captures, several requests
+    # replay it and match eager. Stacks that do not capture are recorded in the golden with the op that
+    # stopped them.
+    rows = capture_shard(shard)
+    assert rows, f"shard {shard} of {CAPTURE_SHARDS} holds no architecture: the comparison would compare nothing"
+    wrong = {name: row["harness"] for name, row in rows.items() if "harness" in row
              and row["harness"]["captures"]
              and not (row["harness"]["replays_several_requests"] and row["harness"]["replay_matches_eager"])}
     assert not wrong, f"harness-rule stacks that capture but do not replay several requests like eager: {wrong}"

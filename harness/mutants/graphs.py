@@ -515,12 +515,23 @@ class WarmUpSkipped(GraphCapturer):
 
 
 _PROCESS_POOLS: dict[int, Any] = {}
+# Every graph captured into the shared pool, kept for the process as an engine keeps its graphs: a pool
+# whose graphs all died is released, and capturing into its handle again trips the caching allocator's
+# internal assert, a crash that is not the bug this mutant stands for.
+_GRAPHS_IN_SHARED_POOLS: list[BreakableGraph] = []
 
 
 @MUTANTS.add("default-pool-shared", backends={"cuda"}, bug="a capture given no pool uses one pool shared by every "
          "such capture, so an unrelated graph's replay overwrites memory another graph's output lives in")
 class DefaultPoolShared(GraphCapturer):
     def capture(self, fn: Callable[[], Any], *, pool: Any = None, warmup_runs: int = 1) -> BreakableGraph:
-        if pool is None:
-            pool = _PROCESS_POOLS.setdefault(id(type(self.backend)), self.new_pool())
-        return super().capture(fn, pool=pool, warmup_runs=warmup_runs)
+        if pool is not None:
+            return super().capture(fn, pool=pool, warmup_runs=warmup_runs)
+        if id(type(self.backend)) not in _PROCESS_POOLS:
+            _PROCESS_POOLS[id(type(self.backend))] = shared = self.new_pool()
+            # A first graph pins the pool for the process, also when a later capture fails half-way.
+            pin = torch.zeros(1, device=getattr(self.backend, "device", None))
+            _GRAPHS_IN_SHARED_POOLS.append(super().capture(lambda: pin + 1, pool=shared))
+        graph = super().capture(fn, pool=_PROCESS_POOLS[id(type(self.backend))], warmup_runs=warmup_runs)
+        _GRAPHS_IN_SHARED_POOLS.append(graph)
+        return graph

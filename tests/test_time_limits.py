@@ -70,7 +70,9 @@ test_counter.settings = settings(max_examples=50, deadline=None, derandomize=Tru
 def sleepy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (tmp_path / "sleepy_impl.py").write_text(SLEEPY)
     (tmp_path / "sleepy_runner.py").write_text(SLEEPY_RUNNER)
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    # The sleeping modules first; what this interpreter itself needs on PYTHONPATH (a GPU check's carried
+    # wheels, the checkout) kept after them.
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delenv("CI", raising=False)
     monkeypatch.delenv("HYPOTHESIS_PROFILE", raising=False)

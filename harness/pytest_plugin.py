@@ -4,6 +4,9 @@ fixtures and the run report.
 Installed as the ``pytest11`` entry point ``harness.pytest_plugin``, so every pytest of an environment
 where the harness is installed has it; a checkout's root ``conftest.py`` also names it in
 ``pytest_plugins`` (the same name: it is loaded once), for runs with plugin autoloading switched off.
+Everywhere it declares its options and markers; everything else acts only in a run it is activated in
+(a harness option given, or the harness's suites or fixtures collected: :mod:`harness.pytest_support`),
+so an engine's own unrelated test runs are left exactly as they were.
 
 Options: ``--device {auto,cpu,cuda}``, ``--graph-backend {auto,cuda,emulated}``,
 ``--impl COMPONENT=SPEC`` (repeatable), ``--reproduce-failure``, ``--harness-report PATH``.
@@ -21,11 +24,8 @@ import torch
 
 from harness import components, locations, pytest_support
 from harness.compare import bitwise_expected
-from harness.errors import HarnessError
 from harness.graphs import GraphBackend
 from harness.models.transformers_zoo import experts_implementation
-
-pytest_support.register_hypothesis_profiles()
 
 # The run report (and the orphaned-golden check) and the time limits that stop a hang are plugins of their own.
 pytest_plugins = ["harness.report", "harness.timeout_plugin"]
@@ -44,36 +44,30 @@ MARKERS = {
 }
 
 
+_ANNOUNCED = pytest.StashKey[bool]()
+
+
 @pytest.hookimpl(tryfirst=True)  # before hypothesis's plugin loads the profile, so a bad name is one line
 def pytest_configure(config: pytest.Config) -> None:
     for name, meaning in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {meaning}")
-    pytest_support.configure(config)
-    # Registered now, after every plugin (syrupy among them, in no set order), so that it overrides
-    # syrupy's fixture of the same name.
-    config.pluginmanager.register(_GoldenSnapshot(), "harness-golden-snapshot")
+    if pytest_support.wanted_at_start(config):
+        pytest_support.activate(config)
+    else:
+        pytest_support.register_requested_profile(config)
 
 
-class _GoldenSnapshot:
-    @pytest.fixture
-    def snapshot(self, snapshot, request: pytest.FixtureRequest):
-        """Syrupy's snapshot; for the harness's suites, writing their readable JSON goldens (tensors
-        compared within tolerance) in the ``golden/`` folder beside ``suites/``. Other tests of the
-        session (an engine's own) keep syrupy's default."""
-        from harness.golden import GoldenExtension
-
-        return snapshot.use_extension(GoldenExtension) if _is_harness_suite(request.path) else snapshot
-
-
-def _is_harness_suite(path) -> bool:
-    try:
-        return path.resolve().is_relative_to(locations.suites_dir())
-    except HarnessError:
-        return False
+def pytest_collectstart(collector: pytest.Collector) -> None:
+    # Before the collector imports anything: a suite's module reads the hypothesis profile when imported.
+    if pytest_support.current_session(collector.config) is None and pytest_support.in_suites(collector.path):
+        pytest_support.activate(collector.config)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    pytest_support.apply_reproduce_failure(config, items)
+    if pytest_support.current_session(config) is None and any(map(pytest_support.uses_harness_fixtures, items)):
+        pytest_support.activate(config)
+    if pytest_support.current_session(config) is not None:
+        pytest_support.apply_reproduce_failure(config, items)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -83,8 +77,11 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     return report
 
 
-def pytest_report_header(config: pytest.Config) -> str:
-    session = pytest_support.session_of(config)
+def _header(config: pytest.Config) -> str | None:
+    session = pytest_support.current_session(config)
+    if session is None or config.stash.get(_ANNOUNCED, False):
+        return None
+    config.stash[_ANNOUNCED] = True
     return (
         f"harness: device={session.device}, graph backend={session.backend.name}, "
         f"impls={session.impl_specs or 'reference'}, "
@@ -92,6 +89,14 @@ def pytest_report_header(config: pytest.Config) -> str:
         f"experts={experts_implementation()}, "
         f"torch {torch.__version__}"
     )
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    return _header(config)
+
+
+def pytest_report_collectionfinish(config: pytest.Config) -> str | None:
+    return _header(config)  # a run that collected the suites or fixtures without asking for the harness first
 
 
 @pytest.fixture(scope="session")

@@ -2,15 +2,25 @@
 
 With :mod:`harness.report`, the only modules of the harness that import pytest; the plugin
 (:mod:`harness.pytest_plugin`) wires it in.
+
+The plugin is a ``pytest11`` entry point, so it is loaded by every pytest of an environment where the
+harness is installed, an engine's own unit tests too. It declares its options and markers everywhere,
+and does everything else (hypothesis profiles, torch's thread count, syrupy's options, the environment,
+the ``snapshot`` fixture's extension, the header line, the run report, the time limits) only in a run
+that :func:`activate` s it: one given a harness option, or path arguments inside the harness's suites
+(at start-up, :func:`wanted_at_start`), or one that collects a suite or a test that uses a harness
+fixture (during collection, before any of those modules is imported or test runs).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import re
 import shlex
 import sys
+from pathlib import Path
 from typing import Any, Callable
 
 import hypothesis
@@ -20,7 +30,7 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.errors import InvalidArgument
 
-from harness import components, impls
+from harness import components, impls, locations
 from harness.devices import DEVICE_CHOICES, resolve_device
 from harness.errors import HarnessError, UsageError
 from harness.graphs import BACKEND_NAMES, GraphBackend, get_backend
@@ -30,9 +40,16 @@ __all__ = [
     "HarnessSession",
     "SESSION_KEY",
     "session_of",
+    "current_session",
     "add_options",
+    "add_harness_option",
     "add_snapshot_update_placeholder",
-    "configure",
+    "wanted_at_start",
+    "in_suites",
+    "uses_harness_fixtures",
+    "activate",
+    "use_harness_orphan_rule",
+    "register_requested_profile",
     "resolve_backend",
     "selected_implementation",
     "implementation_fixtures",
@@ -65,33 +82,51 @@ SESSION_KEY = pytest.StashKey[HarnessSession]()
 
 
 def session_of(config: pytest.Config) -> HarnessSession:
-    return config.stash[SESSION_KEY]
+    """This run's :class:`HarnessSession`, activating the harness if nothing has yet (a harness fixture
+    asked for it)."""
+    return config.stash[SESSION_KEY] if SESSION_KEY in config.stash else activate(config)
+
+
+def current_session(config: pytest.Config) -> HarnessSession | None:
+    """This run's :class:`HarnessSession`, or None where the harness is not active (an unrelated run)."""
+    return config.stash.get(SESSION_KEY, None)
 
 
 SYRUPY_MISSING = ("golden tests need syrupy, which is not installed in this environment: "
                   "pip install 'syrupy>=5.0' (or reinstall the harness: pip install -e .)")
 
 
+# Every option of the harness (flag -> default), filled by add_harness_option: one given activates the harness.
+_OPTION_DEFAULTS: dict[str, Any] = {}
+
+
+def add_harness_option(parser: pytest.Parser, *names: str, **attrs: Any) -> None:
+    """Add an option to the harness's group; giving it on the command line (or in ``addopts``, or
+    ``PYTEST_ADDOPTS``) activates the harness."""
+    parser.getgroup("harness", "LLM graph-optimisation harness").addoption(*names, **attrs)
+    _OPTION_DEFAULTS[names[0]] = attrs.get("default")
+
+
 def add_options(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager | None = None) -> None:
-    group = parser.getgroup("harness", "LLM graph-optimisation harness")
-    group.addoption("--device", choices=DEVICE_CHOICES, default="auto",
-                    help="device for tensors and models (auto: cuda when present)")
-    group.addoption("--graph-backend", choices=BACKEND_NAMES, default="auto",
-                    help="graph backend (auto: cuda on a CUDA device, else emulated)")
-    group.addoption("--impl", action="append", default=[], metavar="COMPONENT=SPEC",
-                    help="implementation under test, e.g. gather=mypkg.kernels:gather or graphs=mutant:skip-break")
-    group.addoption("--experts-implementation", choices=EXPERTS_IMPLEMENTATIONS, default=None,
-                    help="how the transformers zoo's MoE and hybrid stacks run their experts (default: "
-                         f"${EXPERTS_VARIABLE}, else {EXPERTS_IMPLEMENTATIONS[0]}, what engines capture)")
-    group.addoption("--tp", type=int, default=2, metavar="N",
-                    help="ranks of the tensor-parallel suites (suites/runner/tensor_parallel): gloo processes on "
-                         "the CPU, NCCL with one GPU per rank on cuda; 1 skips them (default 2)")
-    group.addoption("--startup-timeout", type=float, default=impls.STARTUP_SECONDS, metavar="SECONDS",
-                    help="time limit on loading each outside --impl (its import and a smoke call on a tiny case) "
-                         "before any test runs (0: none; default %(default)s); tests have pytest-timeout's --timeout")
-    group.addoption("--reproduce-failure", metavar="VERSION:BLOB", default=None,
-                    help="replay one falsifying example of the one selected hypothesis test, as hypothesis's "
-                         "@reproduce_failure(VERSION, BLOB) would; the reproduce line of a failure gives it")
+    option = functools.partial(add_harness_option, parser)
+    option("--device", choices=DEVICE_CHOICES, default="auto",
+           help="device for tensors and models (auto: cuda when present)")
+    option("--graph-backend", choices=BACKEND_NAMES, default="auto",
+           help="graph backend (auto: cuda on a CUDA device, else emulated)")
+    option("--impl", action="append", default=[], metavar="COMPONENT=SPEC",
+           help="implementation under test, e.g. gather=mypkg.kernels:gather or graphs=mutant:skip-break")
+    option("--experts-implementation", choices=EXPERTS_IMPLEMENTATIONS, default=None,
+           help="how the transformers zoo's MoE and hybrid stacks run their experts (default: "
+                f"${EXPERTS_VARIABLE}, else {EXPERTS_IMPLEMENTATIONS[0]}, what engines capture)")
+    option("--tp", type=int, default=2, metavar="N",
+           help="ranks of the tensor-parallel suites (suites/runner/tensor_parallel): gloo processes on "
+                "the CPU, NCCL with one GPU per rank on cuda; 1 skips them (default 2)")
+    option("--startup-timeout", type=float, default=impls.STARTUP_SECONDS, metavar="SECONDS",
+           help="time limit on loading each outside --impl (its import and a smoke call on a tiny case) "
+                "before any test runs (0: none; default %(default)s); tests have pytest-timeout's --timeout")
+    option("--reproduce-failure", metavar="VERSION:BLOB", default=None,
+           help="replay one falsifying example of the one selected hypothesis test, as hypothesis's "
+                "@reproduce_failure(VERSION, BLOB) would; the reproduce line of a failure gives it")
     if pluginmanager is not None:
         add_snapshot_update_placeholder(parser, pluginmanager)
 
@@ -122,28 +157,51 @@ def _syrupy_will_be_registered(pluginmanager: pytest.PytestPluginManager) -> boo
 HYPOTHESIS_PROFILES = ("dev", "ci", "selfcheck", "nightly")
 
 
-def register_hypothesis_profiles() -> None:
-    common = dict(deadline=None, print_blob=True,
+def _profiles() -> dict[str, settings]:
+    # On hypothesis's own defaults, not on whatever profile is loaded when they are registered.
+    common = dict(parent=settings.get_profile("default"), deadline=None, print_blob=True,
                   suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
                                          HealthCheck.data_too_large])
-    settings.register_profile("dev", max_examples=10, **common)
     # ci and the kill matrix report the first failing example as found, in seconds: shrinking a failure
     # of a captured transformers stack took four minutes on the H200 (each step re-runs the model), and
     # the kill matrix needs only "some test fails". The example is printed with its reproduce blob;
     # dev and nightly shrink.
     no_shrinking = [Phase.explicit, Phase.reuse, Phase.generate]
-    settings.register_profile("ci", max_examples=25, derandomize=True, database=None, phases=no_shrinking, **common)
-    settings.register_profile("selfcheck", max_examples=25, derandomize=True, database=None, phases=no_shrinking,
-                              **common)
-    settings.register_profile(
-        "nightly", max_examples=400,
-        database=DirectoryBasedExampleDatabase(os.path.join(".hypothesis", "nightly")), **common,
-    )
-    # An explicit --hypothesis-profile wins; it is applied by hypothesis' own plugin after this. An
-    # unknown name is not loaded here (at plugin import it would be a traceback): configure()
-    # reports it as a usage error.
-    name = os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev")
-    settings.load_profile(name if _is_registered_profile(name) else "dev")
+    return {
+        "dev": settings(max_examples=10, **common),
+        "ci": settings(max_examples=25, derandomize=True, database=None, phases=no_shrinking, **common),
+        "selfcheck": settings(max_examples=25, derandomize=True, database=None, phases=no_shrinking, **common),
+        "nightly": settings(max_examples=400,
+                            database=DirectoryBasedExampleDatabase(os.path.join(".hypothesis", "nightly")), **common),
+    }
+
+
+def register_hypothesis_profiles(*, missing_only: bool = False) -> None:
+    """Register the harness's profiles (``ci`` replaces hypothesis's own of that name); with
+    ``missing_only``, only those no one has registered."""
+    for name, profile in _profiles().items():
+        if not (missing_only and _is_registered_profile(name)):
+            settings.register_profile(name, profile)
+
+
+def register_requested_profile(config: pytest.Config) -> None:
+    """Where ``--hypothesis-profile`` names a harness profile that nothing has registered (a run the harness
+    may only join during collection), register the missing ones, so that hypothesis can load it; a name
+    another plugin or conftest registered (hypothesis's own ``ci``) is left as it is until activation."""
+    name = config.getoption("hypothesis_profile", None)
+    if name in HYPOTHESIS_PROFILES and not _is_registered_profile(name):
+        register_hypothesis_profiles(missing_only=True)
+
+
+def _load_hypothesis_profile(config: pytest.Config) -> None:
+    """Register the harness's profiles and load this run's: an explicit ``--hypothesis-profile`` wins (it is
+    loaded by hypothesis's own plugin: before, or after when activated at start-up), else
+    ``$HYPOTHESIS_PROFILE``, else ``ci`` under a CI and ``dev``."""
+    _check_hypothesis_profile(config)
+    register_hypothesis_profiles()
+    if config.getoption("hypothesis_profile", None):
+        return
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev"))
 
 
 def _is_registered_profile(name: str) -> bool:
@@ -164,7 +222,7 @@ def _check_hypothesis_profile(config: pytest.Config) -> None:
     """An unknown profile name is a usage error naming where it came from and the known names."""
     for source, name in (("--hypothesis-profile", config.getoption("hypothesis_profile", None)),
                          ("HYPOTHESIS_PROFILE", os.environ.get("HYPOTHESIS_PROFILE"))):
-        if name and not _is_registered_profile(name):
+        if name and name not in HYPOTHESIS_PROFILES and not _is_registered_profile(name):
             raise UsageError(f"unknown hypothesis profile {name!r} (from {source}); "
                              f"the harness registers: {', '.join(HYPOTHESIS_PROFILES)}")
         if name:
@@ -262,11 +320,74 @@ def resolve_backend(option: str, device: torch.device) -> GraphBackend:
     return get_backend(option, device=device if device.type == "cuda" else None)
 
 
-def configure(config: pytest.Config) -> None:
-    """Validate options once, so a bad one is a usage error and not a failure in every test."""
+def _given_options(config: pytest.Config) -> list[str]:
+    """The harness options this run was given: a value other than the default, or the flag itself (an
+    explicit ``--device auto`` too) on the command line, in ``PYTEST_ADDOPTS`` or in ``addopts``."""
+    words = [str(word) for word in config.invocation_params.args]
+    words += [*shlex.split(os.environ.get("PYTEST_ADDOPTS", "")), *config.getini("addopts")]
+    return [flag for flag, default in _OPTION_DEFAULTS.items()
+            if config.getoption(flag, default) != default
+            or any(word == flag or word.startswith(flag + "=") for word in words)]
+
+
+def in_suites(path: os.PathLike[str] | str | None) -> bool:
+    """Whether ``path`` lies in the harness's suites (a checkout's ``suites/``, an installed
+    ``harness/suites``)."""
+    if path is None:
+        return False
+    try:
+        return Path(path).resolve().is_relative_to(locations.suites_dir())
+    except HarnessError:
+        return False
+
+
+def wanted_at_start(config: pytest.Config) -> bool:
+    """Whether the run asks for the harness before collection: a harness option is given, or a path
+    argument lies inside the suites (``pytest suites/``, ``--pyargs harness.suites.gather``).
+
+    A run whose arguments merely contain the suites (``pytest .`` in a checkout) activates it when it
+    collects them (:func:`in_suites`), so that a folder pytest does not collect (a virtual
+    environment's ``site-packages``) activates nothing."""
+    if _given_options(config):
+        return True
+    pyargs = config.getoption("pyargs", False)
+    arguments = [str(argument).split("::")[0] for argument in config.args]
+    return any(
+        (argument == "harness.suites" or argument.startswith("harness.suites.")) if pyargs and "/" not in argument
+        else in_suites(Path(config.invocation_params.dir) / argument)
+        for argument in arguments)
+
+
+def uses_harness_fixtures(item: pytest.Item) -> bool:
+    """Whether the test uses a fixture of the harness's plugin (``device``, ``gather_function``, ...) rather
+    than a fixture of the same name of its own project."""
+    info = getattr(item, "_fixtureinfo", None)  # pytest's record of the fixtures the item resolved
+    for definitions in getattr(info, "name2fixturedefs", {}).values():
+        module = getattr(getattr(definitions[-1], "func", None), "__module__", "") if definitions else ""
+        if module in ("harness.pytest_plugin", __name__):
+            return True
+    return False
+
+
+def use_harness_orphan_rule(config: pytest.Config) -> None:
+    """One orphan rule, the harness's (:func:`harness.golden.find_orphans`, in :mod:`harness.report`): it knows
+    that a test owns all its named goldens, such as the gather's compile accounting for each torch minor
+    version. syrupy's own rule would call the other versions' files unused, fail the run on them and delete
+    them on ``--snapshot-update``: it is switched off (syrupy reads these options when the session ends)."""
+    config.option.disable_unused_snapshots = True
+    config.option.warn_unused_snapshots = True
+
+
+def activate(config: pytest.Config) -> HarnessSession:
+    """Start the harness in this run, once: validate its options (a bad one is a usage error, not a failure
+    in every test), load its hypothesis profile, set torch's threads, syrupy's options, the environment
+    and the ``snapshot`` fixture, and load every ``--impl``. The run report and the time limits act from
+    now on. Called before the suites' modules are imported (their ``@settings`` read the profile)."""
+    if SESSION_KEY in config.stash:
+        return config.stash[SESSION_KEY]
     _set_up_xdist_worker()
     try:
-        _check_hypothesis_profile(config)
+        _load_hypothesis_profile(config)
         if config.getoption("--reproduce-failure"):
             _parse_reproduce_failure(config.getoption("--reproduce-failure"))
         if not config.pluginmanager.has_plugin("syrupy"):
@@ -274,12 +395,7 @@ def configure(config: pytest.Config) -> None:
                 raise UsageError(f"--snapshot-update: {SYRUPY_MISSING}")
             config.pluginmanager.register(_SyrupyMissing(), "harness-syrupy-missing")
         else:
-            # One orphan rule, the harness's (harness.golden.find_orphans, in harness.report): it knows
-            # that a test owns all its named goldens, such as the gather's compile accounting for each
-            # torch minor version. syrupy's own rule would call the other versions' files unused, fail
-            # the run on them and delete them on --snapshot-update.
-            config.option.disable_unused_snapshots = True
-            config.option.warn_unused_snapshots = True
+            use_harness_orphan_rule(config)
         # In the environment, so that child processes (kill matrix, subprocess cases) build the same stacks.
         os.environ[EXPERTS_VARIABLE] = experts_implementation(config.getoption("--experts-implementation"))
         device = resolve_device(config.getoption("--device"))
@@ -299,7 +415,11 @@ def configure(config: pytest.Config) -> None:
                        time_limit=config.getoption("--startup-timeout") or None)
     except HarnessError as error:
         raise pytest.UsageError(str(error)) from None
-    config.stash[SESSION_KEY] = HarnessSession(device, backend, selected, os.environ.get("PYTHONPATH") or None)
+    session = config.stash[SESSION_KEY] = HarnessSession(device, backend, selected,
+                                                         os.environ.get("PYTHONPATH") or None)
+    # After every plugin (syrupy among them, in no set order), so that it overrides syrupy's fixture.
+    config.pluginmanager.register(_GoldenSnapshot(), "harness-golden-snapshot")
+    return session
 
 
 def selected_implementation(config: pytest.Config, component: str) -> impls.Implementation:
@@ -323,6 +443,17 @@ def implementation_fixtures() -> dict[str, Callable[..., Any]]:
     """One session fixture per row of the component table, named by the row's ``fixture``; the root
     plugin publishes them. Each yields what its suites call (a capturer, a factory, a function)."""
     return {row.fixture: _implementation_fixture(row) for row in components.COMPONENTS}
+
+
+class _GoldenSnapshot:
+    @pytest.fixture
+    def snapshot(self, snapshot, request: pytest.FixtureRequest):
+        """Syrupy's snapshot; for the harness's suites, writing their readable JSON goldens (tensors
+        compared within tolerance) in the ``golden/`` folder beside ``suites/``. Other tests of the
+        session (an engine's own) keep syrupy's default."""
+        from harness.golden import GoldenExtension
+
+        return snapshot.use_extension(GoldenExtension) if in_suites(request.path) else snapshot
 
 
 class _SyrupyMissing:

@@ -11,7 +11,9 @@ the end of a run it prints, and with ``--harness-report PATH`` writes as JSON:
 - goldens whose bits moved within tolerance or lack this device class's digest, and orphaned
   goldens (which fail the run; ``--snapshot-update`` deletes them).
 
-Under pytest-xdist each worker sends its tallies to the controller, which merges them.
+Under pytest-xdist each worker sends its tallies to the controller, which merges them. Nothing of it
+acts (no golden check, no summary, no file) in a run where the harness is not active
+(:mod:`harness.pytest_support`): an engine's own tests.
 :func:`format_markdown` renders a report (and a kill matrix) for a CI step summary.
 """
 
@@ -41,12 +43,14 @@ _WORKER_KEY = "harness_report"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.getgroup("harness").addoption(
-        "--harness-report", metavar="PATH", default=None,
+    from harness.pytest_support import add_harness_option
+
+    add_harness_option(
+        parser, "--harness-report", metavar="PATH", default=None,
         help="also write the run report (setup, outcomes per component, errors per dtype, goldens) as JSON")
 
 
-@pytest.hookimpl(trylast=True)  # after the harness plugin has resolved the device
+@pytest.hookimpl(trylast=True)  # after the harness plugin has resolved the device, where asked at start-up
 def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(RunReport(config), "harness-run-report")
 
@@ -61,13 +65,10 @@ def _component(nodeid: str) -> str:
 
 
 def _harness_session(config: pytest.Config) -> Any:
-    """What the harness plugin resolved (device, backend, implementations), or None outside this project."""
+    """What the harness plugin resolved (device, backend, implementations), or None where it is not active."""
     from harness import pytest_support
 
-    try:
-        return pytest_support.session_of(config)
-    except (KeyError, AttributeError):
-        return None
+    return pytest_support.current_session(config)
 
 
 def _setup(config: pytest.Config) -> dict[str, Any]:
@@ -96,7 +97,10 @@ def _hypothesis_profile() -> str:
 
 
 class RunReport:
-    """Collects the report's parts in each pytest process; the controller (or the only process) reports."""
+    """Collects the report's parts in each pytest process; the controller (or the only process) reports.
+
+    Registered in every run, it only counts until the harness is active in its process (:meth:`_start`);
+    a controller of xdist workers that activated it during their collection reports what they send."""
 
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
@@ -108,11 +112,20 @@ class RunReport:
         self.orphans: list[str] = []
         self.deleted: list[str] = []
         self.report: dict[str, Any] | None = None
-        device = getattr(_harness_session(config), "device", None)
-        if golden is not None:
-            golden.configure_goldens(device_class=golden.device_class(device) if device is not None else "cpu",
-                                     update=bool(config.getoption("--snapshot-update", False)))
-        observations.reset()
+        self.started = False
+        self._start()
+
+    def _start(self) -> bool:
+        """Whether the harness is active in this process; the first time it is, set the goldens' device
+        class and update mode and forget earlier observations (a previous in-process run's)."""
+        if not self.started and _harness_session(self.config) is not None:
+            device = _harness_session(self.config).device
+            if golden is not None:
+                golden.configure_goldens(device_class=golden.device_class(device),
+                                         update=bool(self.config.getoption("--snapshot-update", False)))
+            observations.reset()
+            self.started = True
+        return self.started
 
     # --- goldens nobody owns -------------------------------------------------------------------
     @pytest.hookimpl(tryfirst=True)  # before -k / -m deselection: a deselected test still owns its goldens
@@ -124,7 +137,7 @@ class RunReport:
                 self.collected.setdefault(module, []).append(name.replace("::", "."))
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
-        if golden is None or (self.is_worker and self.config.workerinput.get("workerid") != "gw0"):
+        if not self._start() or golden is None or (self.is_worker and self.config.workerinput.get("workerid") != "gw0"):
             return  # every worker collects the same tests; one of them checks
         root = self.config.rootpath
         scopes = []
@@ -164,10 +177,17 @@ class RunReport:
         text = getattr(node, "workeroutput", {}).get(_WORKER_KEY)
         if text:
             self.parts.append(json.loads(text))
+            if not self.started and self.config.pluginmanager.has_plugin("syrupy"):
+                # workers that activated the harness during their collection: this controller's syrupy
+                # reports on their goldens when the session ends, by the harness's rule too
+                from harness.pytest_support import use_harness_orphan_rule
+
+                use_harness_orphan_rule(self.config)
 
     # --- the report ----------------------------------------------------------------------------
     def _local_part(self) -> dict[str, Any]:
         return {
+            "setup": _setup(self.config),
             **observations.snapshot(),
             "drift": [dataclasses.asdict(event) for event in golden.drift_events()] if golden else [],
             "orphans": self.orphans,
@@ -176,9 +196,13 @@ class RunReport:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if not (self._start() or self.parts):
+            return  # the harness never ran here: an unrelated run
         if self.is_worker:
             self.config.workeroutput[_WORKER_KEY] = json.dumps(self._local_part())
             return
+        # A controller that did not activate the harness itself reports the setup its workers resolved.
+        setup = _setup(self.config) if self.started else self.parts[0]["setup"]
         parts = [self._local_part(), *self.parts]
         tallies = observations.merge(parts)
         errors = {}
@@ -197,7 +221,7 @@ class RunReport:
         if orphans and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
         self.report = {
-            "setup": _setup(self.config),
+            "setup": setup,
             "outcomes": {component: dict(counts) for component, counts in sorted(self.outcomes.items())},
             "failed": sorted(self.failed),
             "errors": errors,
@@ -216,8 +240,10 @@ class RunReport:
 
     @pytest.hookimpl(tryfirst=True)  # before syrupy's summary, whose banner it drops
     def pytest_terminal_summary(self, terminalreporter: Any, exitstatus: int) -> None:
+        if self.report is None:
+            return  # the harness did not run
         _drop_syrupy_banner(self.config)
-        if self.report is None or exitstatus == pytest.ExitCode.USAGE_ERROR:
+        if exitstatus == pytest.ExitCode.USAGE_ERROR:
             return  # a bad path or option: pytest's one error line is the whole story
         terminalreporter.write_sep("=", "harness run report")
         for line in format_text(self.report).splitlines():

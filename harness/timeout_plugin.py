@@ -9,7 +9,9 @@ arguments of a ``@given`` test, or the rule of a state machine and its arguments
 example, which a hang never yields) and where it was stuck; the example's ``@reproduce_failure`` blob
 follows, which the failure's reproduce line turns into ``--reproduce-failure``.
 
-Where pytest-timeout's method is ``thread`` or there is no ``SIGALRM``, pytest-timeout's own timer runs.
+Where pytest-timeout's method is ``thread`` or there is no ``SIGALRM``, pytest-timeout's own timer runs;
+so it does in a run where the harness is not active (an engine's own tests: :mod:`harness.pytest_support`),
+unless this plugin is named on the command line (``-p harness.timeout_plugin``).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from harness import timeouts
+from harness import pytest_support, timeouts
 
 __all__ = ["describe_hang", "running_example"]
 
@@ -29,10 +31,15 @@ _LIMIT = pytest.StashKey[Any]()
 _MAX_ARGUMENT = 200  # characters of one argument's repr in the message
 
 
+def _acts(config: pytest.Config) -> bool:
+    return (pytest_support.current_session(config) is not None
+            or __name__ in (getattr(config.option, "plugins", None) or ()))
+
+
 @pytest.hookimpl(tryfirst=True, optionalhook=True)
 def pytest_timeout_set_timer(item: pytest.Item, settings: Any) -> bool | None:
-    if settings.method != "signal" or not timeouts.limits_available():
-        return None  # pytest-timeout's own thread method
+    if settings.method != "signal" or not timeouts.limits_available() or not _acts(item.config):
+        return None  # pytest-timeout's own timer
     import pytest_timeout
 
     if not settings.disable_debugger_detection and pytest_timeout.is_debugging():

@@ -11,10 +11,13 @@ import contextlib
 import dataclasses
 import io
 import json
+import shlex
 from pathlib import Path
 
 import pytest
+import torch
 
+from harness import locations
 from harness.bench import command
 
 SMALL = ["--device", "cpu", "--models", "dense", "--compositions", "1;2,2"]
@@ -115,6 +118,39 @@ def test_a_baseline_of_another_device_class_is_refused_before_measuring(bench, m
     completed = bench("gather", "--device", "cpu", "--baseline", "harness/bench/baselines/h200-gather.json")
     assert completed.returncode == 2 and completed.stdout == ""
     assert "the baseline was measured on 'cuda:NVIDIA H200/cuda', this run on 'cpu/emulated'" in completed.stderr
+
+
+@pytest.mark.parametrize(("benchmark", "recorded", "differing", "given"), [
+    # a baseline recorded with --quick, a run without it
+    ("runner", {"compositions": [[1], [8, 8, 8, 7]], "buckets": [4, 32]},
+     ["buckets: baseline [4, 32], now [4, 8, 16, 32]", "compositions: baseline [[1], [8, 8, 8, 7]], now [[1], [3], "],
+     "--quick"),
+    ("runner", {"sizes": ["tiny", "large"], "dtype": "bfloat16"},
+     ["dtype: baseline 'bfloat16', now 'float32'", "sizes: baseline ['tiny', 'large'], now ['tiny']"], "--sizes"),
+    ("gather", {"hidden_size": 1024}, ["hidden_size: baseline 1024, now 4096"], "--hidden-size"),
+], ids=["runner-quick", "runner-sizes-dtype", "gather-hidden-size"])
+def test_a_baseline_with_other_settings_is_refused_before_measuring(bench, monkeypatch, tmp_path, benchmark, recorded,
+                                                                     differing, given):
+    module = command.importlib.import_module(command.BENCHMARKS[benchmark])
+    measured = []
+    monkeypatch.setattr(module, "run", lambda *args, **kwargs: measured.append(args))
+    baseline = json.loads((locations.baselines_dir() / f"emulated-{benchmark}.json").read_text())
+    baseline["settings"].update(recorded)
+    path = tmp_path / "other.json"
+    path.write_text(json.dumps(baseline))
+    completed = bench(benchmark, "--device", "cpu", "--impl", f"{module.COMPONENTS[0]}=reference",
+                      "--baseline", str(path))
+    assert completed.returncode == 2 and completed.stdout == "" and measured == []
+    (line,) = completed.stderr.splitlines()
+    assert line.startswith("error: the baseline was measured with other settings (")
+    for difference in differing:
+        assert difference in line
+    words = shlex.split(line.split("; to compare with it, run: ")[1])
+    assert words[:5] == ["python", "-m", "harness", "bench", benchmark] and given in words
+    assert words[-4:] == ["--impl", f"{module.COMPONENTS[0]}=reference", "--baseline", str(path)]
+    # the command it names measures what the baseline holds
+    assert module.settings_of(command.build_parser().parse_args(words[4:]), device=torch.device("cpu")) \
+        == baseline["settings"]
 
 
 def test_a_raising_implementation_is_one_line(bench, tmp_path, monkeypatch):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -89,3 +91,30 @@ def test_bench_writes_a_row_per_point(tmp_path, capsys):
 def test_bench_rejects_another_component(capsys):
     assert bench.main(["gather", "--device", "cpu", "--impl", "graphs=reference"]) == 2
     assert "this benchmark measures gather, not graphs" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device: the profiler's CUDA activity cannot run"))])
+def test_bench_gather_prints_no_profiler_log_line(device):
+    """The profiler's C++ side (kineto) printed two ``USDT: ... profiler_start/stop`` lines per profile to
+    stderr: 48 in a ``bench gather`` on the CPU. A child process, since kineto reads its log level once per
+    process, when the process's first profile starts (another test here may have started one)."""
+    environment = {key: value for key, value in os.environ.items() if key != "KINETO_LOG_LEVEL"}
+    completed = subprocess.run([sys.executable, "-m", "harness", "bench", "gather", "--device", device, "--counts", "1",
+                                "--pool", "8", "--topk", "2", "--hidden-size", "8", "--repeat", "2", "--calls", "2"],
+                               capture_output=True, text=True, env=environment, timeout=300)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    # the table of the profiler's counts: it ran
+    assert ("kernels/call" if device == "cuda" else "ATen ops/call") in completed.stdout
+    output = completed.stdout.splitlines() + completed.stderr.splitlines()
+    assert [line for line in output if line.startswith("USDT")] == []
+
+
+def test_the_profiler_is_quieted_only_while_it_runs_and_a_users_level_is_kept(monkeypatch):
+    seen = []
+    monkeypatch.delenv("KINETO_LOG_LEVEL", raising=False)
+    count_launches(lambda: seen.append(os.environ.get("KINETO_LOG_LEVEL")), device="cpu", calls=1)
+    assert seen[0] is not None and "KINETO_LOG_LEVEL" not in os.environ
+    monkeypatch.setenv("KINETO_LOG_LEVEL", "0")  # someone reading kineto's own logs
+    count_launches(lambda: seen.append(os.environ.get("KINETO_LOG_LEVEL")), device="cpu", calls=1)
+    assert seen[1] == "0" and os.environ["KINETO_LOG_LEVEL"] == "0"

@@ -124,7 +124,8 @@ def project(pytester):
     pytester.mkdir("suites")
     pytester.mkdir("suites/demo")
     (pytester.path / "suites/demo/test_demo.py").write_text(_SUITE)
-    pytester.makeini("[pytest]\ntestpaths = suites\n")
+    # a harness option in addopts: every run of this project is a harness run (harness.pytest_support.activate)
+    pytester.makeini("[pytest]\ntestpaths = suites\naddopts = --device cpu\n")
     return pytester
 
 

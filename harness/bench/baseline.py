@@ -98,23 +98,27 @@ class Finding:
         return text
 
 
-def check_comparable(current: Mapping[str, Any], baseline: Mapping[str, Any]) -> None:
-    """Raise :class:`UsageError` unless both runs measured the same thing on the same device class."""
+def check_comparable(current: Mapping[str, Any], baseline: Mapping[str, Any], *, rerun: Optional[str] = None) -> None:
+    """Raise :class:`UsageError` unless both runs measured the same thing on the same device class.
+
+    ``current`` needs only ``benchmark``, ``environment`` and ``settings``, so a run is checked before it
+    measures; ``rerun``, the command line that would match the baseline, ends the message where given."""
+    advice = f"; to compare with it, run: {rerun}" if rerun else ""
     if current.get("benchmark") != baseline.get("benchmark"):
         raise UsageError(f"the baseline is a {baseline.get('benchmark')!r} report, this run is "
-                         f"{current.get('benchmark')!r}")
+                         f"{current.get('benchmark')!r}{advice}")
     now_class = current["environment"]["device_class"]
     base_class = baseline["environment"]["device_class"]
     if now_class != base_class:
         raise UsageError(f"the baseline was measured on {base_class!r}, this run on {now_class!r}; compare runs "
-                         "of one device class (harness/bench/baselines/ has one file per class)")
+                         f"of one device class (harness/bench/baselines/ has one file per class){advice}")
     now = {k: v for k, v in current["settings"].items() if k not in _FREE_SETTINGS}
     base = {k: v for k, v in baseline["settings"].items() if k not in _FREE_SETTINGS}
     if now != base:
         differ = sorted(k for k in set(now) | set(base) if now.get(k) != base.get(k))
         details = "; ".join(f"{k}: baseline {base.get(k)!r}, now {now.get(k)!r}" for k in differ)
-        raise UsageError(f"the baseline was measured with other settings ({details}); rerun with the baseline's "
-                         "settings or record a new baseline")
+        raise UsageError(f"the baseline was measured with other settings ({details})"
+                         + (advice or "; rerun with the baseline's settings or record a new baseline"))
 
 
 def _worsening(kind: str, before: Any, after: Any) -> Optional[float]:

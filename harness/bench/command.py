@@ -5,17 +5,21 @@ Shared options (every benchmark): ``--device``, ``--graph-backend``, ``--impl CO
 ``--plot``. ``python -m harness bench BENCHMARK --help`` lists the benchmark's own options too.
 
 A benchmark is a module with ``COMPONENTS`` (what ``--impl`` may name), ``DESCRIPTION``,
-``add_options(parser)``, ``run(options, *, device, backend, implementations, repeat) -> Result``,
-``format_table(result, *, device)`` and optionally ``plot(result, path)`` and ``failed(result)``.
+``add_options(parser)``, ``settings_of(options, *, device) -> dict`` (what a run measures, as its report
+records it), ``arguments_for(settings) -> list[str]`` (the options that measure those settings),
+``run(options, *, device, backend, implementations, repeat) -> Result``, ``format_table(result, *, device)``
+and optionally ``plot(result, path)`` and ``failed(result)``.
 
 Exit status: 0; 1 when ``--baseline`` finds a regression (or the benchmark's own check fails);
-2 on a usage error (one line on stderr).
+2 on a usage error (one line on stderr), among them a ``--baseline`` of another benchmark, device class or
+settings, refused before anything is measured with the command line that would match it.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import shlex
 import sys
 from typing import Any, Optional, Sequence
 
@@ -102,6 +106,23 @@ def _backend_name(option: str, device: torch.device) -> str:
     return name
 
 
+def _matching_command(options: argparse.Namespace, baseline: dict[str, Any]) -> Optional[str]:
+    """The bench command line that measures what ``baseline`` holds (its benchmark, device class and
+    settings), with this run's implementation; None for a baseline this version cannot read back."""
+    name = baseline.get("benchmark")
+    try:
+        module = importlib.import_module(BENCHMARKS[name])
+        where, _, backend = baseline["environment"]["device_class"].rpartition("/")
+        arguments = module.arguments_for(baseline["settings"])
+    except (KeyError, TypeError, AttributeError):
+        return None
+    impl = [word for spec in options.impl if spec.partition("=")[0] in module.COMPONENTS for word in ("--impl", spec)]
+    words = ["python", "-m", "harness", "bench", name, "--device", "cuda" if where.startswith("cuda") else "cpu",
+             "--graph-backend", backend, *arguments, *impl, "--baseline", options.baseline]
+    gpu = where.removeprefix("cuda:") if where.startswith("cuda:") else None
+    return shlex.join(words) + (f" (on an {gpu})" if gpu else "")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run one benchmark; returns the exit status (usage errors are printed as one line, status 2)."""
     parser = build_parser()
@@ -120,18 +141,19 @@ def _run(options: argparse.Namespace) -> int:
     device = resolve_device(options.device)
     backend_name = _backend_name(options.graph_backend, device)
     backend = get_backend(backend_name, device=device if device.type == "cuda" else None)
+    requested = module.settings_of(options, device=device)
+    env = environment(device, backend_name)
+    baseline = read_json(locations.resolve_baseline(options.baseline)) if options.baseline else None
+    if baseline is not None:  # a bad file, another benchmark, device class or settings: refused before measuring
+        baselines.check_comparable({"benchmark": options.benchmark, "environment": env, "settings": requested},
+                                   baseline, rerun=_matching_command(options, baseline))
     implementations = _implementations(options.impl, module.COMPONENTS)
-    baseline = read_json(locations.resolve_baseline(options.baseline)) if options.baseline else None  # a bad file fails before measuring
     if options.plot:
         if not hasattr(module, "plot"):
             raise UsageError(f"bench {options.benchmark} has no plot")
         check_plot_extra()
     thresholds = baselines.Thresholds(floor=options.time_floor, noise_factor=options.noise_factor,
                                       speedup_floor=options.speedup_floor)
-    env = environment(device, backend_name)
-    if baseline is not None:  # another benchmark or device class is refused before measuring anything
-        baselines.check_comparable({"benchmark": options.benchmark, "environment": env,
-                                    "settings": baseline.get("settings", {})}, baseline)
     spin_up(device)
     result = module.run(options, device=device, backend=backend, implementations=implementations,
                         repeat=options.repeat or 30)

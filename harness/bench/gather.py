@@ -30,7 +30,7 @@ from harness.gather.accounting import compile_accounting, count_launches
 from harness.gather.cases import BufferSpec, GatherCase
 from harness.graphs import GraphCapturer
 
-__all__ = ["COMPONENTS", "add_options", "run", "format_table", "plot"]
+__all__ = ["COMPONENTS", "add_options", "settings_of", "arguments_for", "run", "format_table", "plot"]
 
 COMPONENTS = ("gather",)
 DESCRIPTION = __doc__.splitlines()[0]
@@ -47,7 +47,8 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                         help="back-to-back calls (or replays) per timed sample (CUDA; default 50)")
 
 
-def _settings(options: argparse.Namespace) -> dict[str, Any]:
+def settings_of(options: argparse.Namespace, *, device: torch.device) -> dict[str, Any]:
+    """What a run with ``options`` measures, as its report records it."""
     try:
         counts = [int(c) for c in options.counts.split(",") if c.strip()]
     except ValueError:
@@ -57,6 +58,13 @@ def _settings(options: argparse.Namespace) -> dict[str, Any]:
                          f"calls {options.calls}")
     return {"counts": counts, "pool": options.pool, "topk": options.topk, "hidden_size": options.hidden_size,
             "hidden_dtype": options.hidden_dtype, "calls": options.calls}
+
+
+def arguments_for(recorded: dict[str, Any]) -> list[str]:
+    """The options of a run that measures what ``recorded`` (a report's settings) holds."""
+    return ["--counts", ",".join(map(str, recorded["counts"])), "--pool", str(recorded["pool"]),
+            "--topk", str(recorded["topk"]), "--hidden-size", str(recorded["hidden_size"]),
+            "--hidden-dtype", recorded["hidden_dtype"], "--calls", str(recorded["calls"])]
 
 
 def _launches(fn: Callable[[], Any], device: torch.device) -> float:
@@ -145,7 +153,7 @@ def _difference(total: Stat, part: Stat) -> Stat:
 def run(options: argparse.Namespace, *, device: torch.device, backend: Any, implementations: dict[str, Any],
         repeat: int) -> Result:
     """Measure eager, the reference and the candidate; compile totals per implementation go to ``extra``."""
-    settings = _settings(options)
+    settings = settings_of(options, device=device)
     (spec, candidate), = implementations.items()
     chosen = {"eager": impls.load("gather", "eager").obj, "reference": impls.load("gather", "reference").obj}
     if spec not in chosen:

@@ -43,7 +43,7 @@ from harness.runner.divergence import (
     format_divergence_table,
 )
 
-__all__ = ["COMPONENTS", "SIZES", "FULL", "QUICK", "add_options", "run", "figures_of", "format_table", "plot"]
+__all__ = ["COMPONENTS", "SIZES", "FULL", "QUICK", "add_options", "settings_of", "arguments_for", "run", "figures_of", "format_table", "plot"]
 
 COMPONENTS = ("runner",)
 DESCRIPTION = __doc__.splitlines()[0]
@@ -91,7 +91,12 @@ def _integers(text: str, option: str) -> tuple[int, ...]:
     return values
 
 
-def _settings(options: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+def _compositions(text: str) -> list[list[int]]:
+    return [list(_integers(c, "--compositions")) for c in text.split(";") if c.strip()]
+
+
+def settings_of(options: argparse.Namespace, *, device: torch.device) -> dict[str, Any]:
+    """What a run with ``options`` measures on ``device``, as its report records it."""
     on_cuda = device.type == "cuda"
     models = [m.strip() for m in options.models.split(",") if m.strip()]
     sizes = [s.strip() for s in (options.sizes or ("tiny,large" if on_cuda else "tiny")).split(",") if s.strip()]
@@ -100,7 +105,7 @@ def _settings(options: argparse.Namespace, device: torch.device) -> dict[str, An
         raise UsageError(f"--sizes: unknown size(s) {', '.join(unknown)}; known: {', '.join(SIZES)}")
     preset = QUICK if options.quick else FULL
     chosen = options.compositions or preset["compositions"]
-    compositions = [list(_integers(c, "--compositions")) for c in chosen.split(";") if c.strip()]
+    compositions = _compositions(chosen)
     buckets = sorted(_integers(options.buckets or preset["buckets"], "--buckets"))
     too_big = [c for c in compositions if sum(c) > buckets[-1]]
     if too_big:
@@ -108,6 +113,17 @@ def _settings(options: argparse.Namespace, device: torch.device) -> dict[str, An
                          f"{buckets[-1]}")
     return {"models": models, "sizes": sizes, "compositions": compositions, "buckets": buckets,
             "dtype": options.dtype or ("bfloat16" if on_cuda else "float32")}
+
+
+def arguments_for(recorded: dict[str, Any]) -> list[str]:
+    """The options of a run that measures what ``recorded`` (a report's settings) holds."""
+    quick = (recorded["compositions"] == _compositions(QUICK["compositions"])
+             and recorded["buckets"] == sorted(_integers(QUICK["buckets"], "--buckets")))
+    batches = ["--quick"] if quick else [
+        "--compositions", ";".join(",".join(map(str, lengths)) for lengths in recorded["compositions"]),
+        "--buckets", ",".join(map(str, recorded["buckets"]))]
+    return ["--models", ",".join(recorded["models"]), "--sizes", ",".join(recorded["sizes"]), *batches,
+            "--dtype", recorded["dtype"]]
 
 
 class _Probe:
@@ -293,7 +309,7 @@ def _measure_batch(runner: Any, model: torch.nn.Module, capturer: InstrumentedCa
 def run(options: argparse.Namespace, *, device: torch.device, backend: Any, implementations: dict[str, Any],
         repeat: int) -> Result:
     """Capture and measure every model, size and batch composition."""
-    settings = _settings(options, device)
+    settings = settings_of(options, device=device)
     (spec, implementation), = implementations.items()
     rows: list[dict[str, Any]] = []
     for size in settings["sizes"]:

@@ -23,7 +23,7 @@ from harness.graphs import GraphCapturer
 from harness.models import build_model
 from harness.runner import ForwardBatch
 
-__all__ = ["COMPONENTS", "add_options", "run", "format_table", "failed"]
+__all__ = ["COMPONENTS", "add_options", "settings_of", "arguments_for", "run", "format_table", "failed"]
 
 COMPONENTS = ("runner",)
 DESCRIPTION = __doc__.splitlines()[0]
@@ -37,6 +37,18 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--buckets", type=int, nargs="+", default=[4, 8, 16, 32])
 
 
+def settings_of(options: argparse.Namespace, *, device: torch.device) -> dict[str, Any]:
+    """What a run with ``options`` measures, as its report records it."""
+    return {"models": options.models, "dtypes": options.dtypes, "batches": options.batches,
+            "buckets": sorted(options.buckets)}
+
+
+def arguments_for(recorded: dict[str, Any]) -> list[str]:
+    """The options of a run that measures what ``recorded`` (a report's settings) holds."""
+    return ["--models", *recorded["models"], "--dtypes", *recorded["dtypes"], "--batches", str(recorded["batches"]),
+            "--buckets", *map(str, recorded["buckets"])]
+
+
 def _worst(actual: torch.Tensor, expected: torch.Tensor) -> tuple[float, float]:
     tol = tolerance_for(expected.dtype)
     a, e = actual.detach().double().cpu(), expected.detach().double().cpu()
@@ -48,7 +60,8 @@ def run(options: argparse.Namespace, *, device: torch.device, backend: Any, impl
         repeat: int) -> Result:
     """One row per (model, dtype): worst absolute difference and worst tolerance use over ``--batches``."""
     (_, implementation), = implementations.items()
-    buckets = sorted(options.buckets)
+    settings = settings_of(options, device=device)
+    buckets = settings["buckets"]
     rows = []
     for name in options.models:
         for dtype_name in options.dtypes:
@@ -72,7 +85,6 @@ def run(options: argparse.Namespace, *, device: torch.device, backend: Any, impl
                     worst_abs, worst_use = max(worst_abs, absolute), max(worst_use, use)
             rows.append({"model": name, "dtype": dtype_name, "batches": options.batches,
                          "max_abs_diff": worst_abs, "max_tolerance_use": worst_use})
-    settings = {"models": options.models, "dtypes": options.dtypes, "batches": options.batches, "buckets": buckets}
     return Result(settings, rows, {})
 
 

@@ -5,6 +5,8 @@ it failed to convert (a silent fallback to eager, the recompile limit among them
 graph breaks it took. :func:`count_launches` runs a call under ``torch.profiler``: on CUDA it counts
 device kernels (and, apart, memcpy/memset); on the CPU, inductor's generated kernels are invisible
 to the profiler, so it counts what is visible: top-level ATen ops and compiled-region entries.
+It keeps the profiler's C++ side (kineto) from printing two ``USDT: ... profiler_start/stop`` lines
+to stderr per profile (see :func:`_quiet_profiler`).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import os
 from typing import Any, Callable, Iterator, Optional
 
 import torch
@@ -119,6 +122,29 @@ class LaunchCount:
                 f"{self.compiled_regions:g} compiled regions/call")
 
 
+# Kineto, the profiler's C++ side, logs "USDT: ... profiler_start" and "... profiler_stop" to stderr for
+# every profile (48 lines per `bench gather` on the CPU; CUDA too), at its most severe level, above ERROR:
+# only a level past every one silences them, so kineto's errors go with them. It reads this variable
+# once, when the process's first profile starts.
+_KINETO_LOG_LEVEL = "KINETO_LOG_LEVEL"
+_KINETO_SILENT = "6"
+
+
+@contextlib.contextmanager
+def _quiet_profiler() -> Iterator[None]:
+    """Set ``KINETO_LOG_LEVEL`` past kineto's levels for the profile it wraps, then restore the environment;
+    a level the user set (to see kineto's logs) is kept. Where an earlier profile of the process has
+    started kineto already, its level stays what it was then."""
+    if _KINETO_LOG_LEVEL in os.environ:
+        yield
+        return
+    os.environ[_KINETO_LOG_LEVEL] = _KINETO_SILENT
+    try:
+        yield
+    finally:
+        os.environ.pop(_KINETO_LOG_LEVEL, None)
+
+
 _MEMORY_OP_PREFIXES = ("Memcpy", "Memset", "memcpy", "memset")
 _HOST_LAUNCH_MARKERS = ("LaunchKernel", "GraphLaunch")  # cudaLaunchKernel(ExC), cuLaunchKernel(Ex), cudaGraphLaunch
 
@@ -134,7 +160,7 @@ def count_launches(fn: Callable[[], Any], *, device: torch.device | str, calls: 
     if device.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
         torch.cuda.synchronize(device)
-    with torch.profiler.profile(activities=activities) as profile:
+    with _quiet_profiler(), torch.profiler.profile(activities=activities) as profile:
         for _ in range(calls):
             fn()
         if device.type == "cuda":

@@ -1,0 +1,138 @@
+"""The harness's pytest plugin (a ``pytest11`` entry point, so loaded by every pytest where the harness is
+installed) leaves an engine's own unrelated test runs as they were, and still does everything in a run
+that asks for the harness (a harness option) or collects its suites or fixtures.
+
+Each run is a child pytest in a folder of its own; the plugin is named with ``-p harness.pytest_plugin``
+(the entry point's name, so it is the same plugin) and, for the run it is compared with, blocked with
+``-p no:harness.pytest_plugin``: the same run as it is where the harness is not installed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# An engine's own test: it records what the harness could have changed in its process.
+_ENGINE_TEST = '''
+import json, os, signal
+import torch
+from hypothesis import settings
+
+def test_records(request, snapshot):
+    profile = settings.default
+    handler = signal.getsignal(signal.SIGALRM)
+    snapshot_fixture = request._pyfuncitem._fixtureinfo.name2fixturedefs["snapshot"][-1]
+    observed = {
+        "threads": torch.get_num_threads(),
+        "profile": settings.get_current_profile_name(),
+        "settings": [profile.max_examples, str(profile.deadline), profile.derandomize, str(profile.phases),
+                     [str(check) for check in profile.suppress_health_check], str(profile.database)],
+        "environment": sorted(os.environ),
+        "alarm_handler": getattr(handler, "__module__", str(handler)),
+        "snapshot_fixture": snapshot_fixture.func.__module__,
+        "disable_unused_snapshots": request.config.option.disable_unused_snapshots,
+        "warn_unused_snapshots": request.config.option.warn_unused_snapshots,
+    }
+    with open("observed.json", "w") as handle:
+        json.dump(observed, handle)
+'''
+
+
+@pytest.fixture
+def engine(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    """A folder with an engine's own test and nothing of the harness; no variable of this run's own leaks in."""
+    for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "HYPOTHESIS_PROFILE",
+                 "HARNESS_EXPERTS_IMPLEMENTATION", "PYTEST_ADDOPTS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # the same device (cpu) on a GPU runner too: --device auto
+    pytester.makepyfile(test_engine=_ENGINE_TEST)
+    return pytester
+
+
+def _run(pytester: pytest.Pytester, *args: str) -> tuple[str, dict, list[str]]:
+    """The run's output (timings and the plugin list dropped), what the test observed, and the files left."""
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--timeout", "60", *args)
+    output = result.stdout.str() + result.stderr.str()
+    assert result.ret == 0, output[-3000:]
+    observed = json.loads((pytester.path / "observed.json").read_text())
+    (pytester.path / "observed.json").unlink()
+    files = sorted(path.name for path in pytester.path.iterdir()  # but pytester's basetemp and captured output
+                   if path.name not in ("__pycache__", "stdout", "stderr") and not path.name.startswith("runpytest-"))
+    comparable = "\n".join(line for line in output.splitlines() if not line.startswith("plugins:"))
+    return re.sub(r"=+", "=", re.sub(r" in [0-9.]+s", "", comparable)), observed, files
+
+
+@pytest.mark.parametrize("ci", ["", "true"], ids=["local", "under-CI"])
+def test_an_unrelated_run_is_the_same_as_without_the_harness(engine: pytest.Pytester, monkeypatch, ci: str):
+    # Under CI hypothesis loads its own "ci" profile, which the harness's profile of that name used to replace.
+    monkeypatch.setenv("CI", ci) if ci else monkeypatch.delenv("CI", raising=False)
+    without_output, without, without_files = _run(engine, "-p", "no:harness.pytest_plugin")
+    with_output, observed, files = _run(engine, "-p", "harness.pytest_plugin")
+    assert observed == without
+    assert with_output == without_output  # no header line, no run report
+    assert not re.search(r"^harness: |harness run report", with_output, re.MULTILINE)
+    assert files == without_files == ["test_engine.py"]  # no report file, no example database
+    assert observed["profile"] == ("ci" if ci else "default")
+    assert observed["alarm_handler"] == "pytest_timeout"  # pytest-timeout's own timer, not the harness's
+    assert observed["snapshot_fixture"].startswith("syrupy")
+
+
+def test_a_harness_option_activates_everything(engine: pytest.Pytester, monkeypatch):
+    """The counterpart of the test above: the same run given one harness option is a harness run."""
+    monkeypatch.delenv("CI", raising=False)
+    output, observed, files = _run(engine, "-p", "harness.pytest_plugin", "--device", "cpu",
+                                   "--harness-report", "report.json")
+    assert re.search(r"^harness: device=cpu, graph backend=emulated, .*hypothesis profile=dev", output, re.MULTILINE)
+    assert "harness run report" in output
+    assert observed["threads"] == 1 and observed["profile"] == "dev" and observed["settings"][0] == 10
+    assert observed["alarm_handler"] == "harness.timeouts"
+    assert "HARNESS_EXPERTS_IMPLEMENTATION" in observed["environment"]
+    assert observed["snapshot_fixture"] == "harness.pytest_support"
+    assert observed["disable_unused_snapshots"] is True
+    assert files == ["report.json", "test_engine.py"]
+
+
+def test_a_test_using_a_harness_fixture_activates_it_during_collection(engine: pytest.Pytester, monkeypatch):
+    monkeypatch.delenv("CI", raising=False)
+    engine.makepyfile(test_with_fixture="def test_backend(graph_backend):\n    assert graph_backend.name\n")
+    output, observed, _ = _run(engine, "-p", "harness.pytest_plugin")
+    # announced after collection, where it became known; the engine's own test in the run sees it active
+    assert re.search(r"^collected 2 items\nharness: device=cpu, graph backend=emulated", output, re.MULTILINE), output
+    assert "harness run report" in output
+    assert observed["threads"] == 1 and observed["profile"] == "dev"
+
+
+def test_help_lists_the_options_without_activating(engine: pytest.Pytester):
+    result = engine.runpytest_subprocess("-p", "harness.pytest_plugin", "--help")
+    help_text = result.stdout.str()
+    for option in ("--device=", "--graph-backend=", "--impl=COMPONENT=SPEC", "--tp=N", "--reproduce-failure=",
+                   "--harness-report=PATH", "--startup-timeout=SECONDS", "--experts-implementation="):
+        assert option in help_text, option
+    assert "harness: device=" not in help_text
+
+
+def test_the_suites_activate_it_when_collected(pytester: pytest.Pytester, monkeypatch):
+    """``pytest .`` in a checkout activates the harness on reaching ``suites/`` (before importing them),
+    as ``pytest suites/`` does at start-up; the engine's one-file conftest.py (collect_suite) too."""
+    monkeypatch.delenv("CI", raising=False)
+    monkeypatch.delenv("HYPOTHESIS_PROFILE", raising=False)
+    started = pytester.runpytest_subprocess(str(ROOT / "suites" / "graphs" / "test_breaks.py"), "--collect-only",
+                                            "-p", "no:cacheprovider", f"--rootdir={ROOT}")
+    assert re.search(r"^harness: device=.*hypothesis profile=dev", started.stdout.str(), re.MULTILINE)
+    pytester.makeconftest('from harness.pytest_plugin import collect_suite\n\n'
+                          'pytest_collect_file = collect_suite("graphs")\n')
+    # (--confcutdir: not the checkout's own root conftest.py, which an installed wheel does not have)
+    collected = pytester.runpytest_subprocess("--collect-only", "-p", "no:cacheprovider",
+                                              f"--confcutdir={ROOT / 'suites'}")
+    output = collected.stdout.str()
+    assert collected.ret == 0, output[-3000:]
+    # announced after collection, with the profile the suites' modules were imported under
+    assert re.search(r"^collected \d+ items\nharness: device=.*hypothesis profile=dev", output, re.MULTILINE), output[:3000]
+    assert "<Module test_breaks.py>" in output

@@ -90,12 +90,13 @@ class _CudaAsked(BaseException):
 
 
 class _CudaGuard:
-    """While active, the calls of :data:`_CUDA_CALLS` raise and are recorded; afterwards they pass through
-    (a module may have kept a reference to the wrapper)."""
+    """Between :meth:`install` and :meth:`remove`, the calls of :data:`_CUDA_CALLS` raise and are recorded;
+    then the originals are back in place (a wrapper a module kept a reference to passes calls through)."""
 
     def __init__(self) -> None:
         self.installed = self.active = False
         self.asked: list[str] = []
+        self._originals: list[tuple[Any, str, Any]] = []
 
     def install(self) -> None:
         import torch
@@ -105,8 +106,14 @@ class _CudaGuard:
             owner = {"torch.cuda": torch.cuda, "torch._C": torch._C}[owner_name]
             original = getattr(owner, name, None)
             if original is not None:
+                self._originals.append((owner, name, original))
                 setattr(owner, name, self._wrap(dotted, original))
         self.installed = self.active = True
+
+    def remove(self) -> None:
+        self.active = False
+        for owner, name, original in self._originals:
+            setattr(owner, name, original)
 
     def _wrap(self, dotted: str, original: Any) -> Any:
         def guarded(*args: Any, **kwargs: Any) -> Any:
@@ -245,7 +252,7 @@ def serve(request_fd: int, reply_fd: int, preload: Sequence[str]) -> None:
         sys.path[0] = os.getcwd()
     guard = _CudaGuard()
     skipped = _preload(preload, guard)
-    guard.active = False
+    guard.remove()
     gc.freeze()  # what was imported is never collected: the children's collections skip it, and its pages stay shared
     threads = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
     torch = sys.modules.get("torch")

@@ -196,12 +196,15 @@ def _fork_poisoned() -> bool:
     return os.waitstatus_to_exitcode(status) != 0
 
 
+def _write_all(fd: int, data: bytes) -> None:
+    while data:
+        data = data[os.write(fd, data):]
+
+
 def _send(fd: int, message: dict[str, Any]) -> bool:
     """Write one reply; False when the caller no longer reads them."""
-    data = (json.dumps(message) + "\n").encode()
     try:
-        while data:
-            data = data[os.write(fd, data):]
+        _write_all(fd, (json.dumps(message) + "\n").encode())
     except OSError:
         return False
     return True
@@ -404,9 +407,11 @@ class ForkServer:
             request = {"id": number, "argv": [*_CHILD_OPTIONS, *command[3:]], "env": environment, "cwd": str(cwd),
                        "time_limit": time_limit, "stdout": str(stdout), "stderr": str(stderr)}
             try:
-                os.write(self._request_write, (json.dumps(request) + "\n").encode())
+                _write_all(self._request_write, (json.dumps(request) + "\n").encode())
             except OSError as error:
+                self._waiters.pop(number)
                 self._gone = self._gone or f"the fork server stopped reading requests ({error})"
+                raise ForkServerUnavailable(self._gone) from None
         answered = waiter.done.wait(None if time_limit is None else time_limit + self.GRACE_SECONDS)
         with self._lock:
             self._waiters.pop(number, None)

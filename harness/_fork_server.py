@@ -196,6 +196,14 @@ def _fork_poisoned() -> bool:
     return os.waitstatus_to_exitcode(status) != 0
 
 
+def _os_threads() -> int | None:
+    """This process's threads, native ones too (an OpenMP or BLAS pool a child would not inherit); Linux only."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return None
+
+
 def _write_all(fd: int, data: bytes) -> None:
     while data:
         data = data[os.write(fd, data):]
@@ -267,7 +275,7 @@ def serve(request_fd: int, reply_fd: int, preload: Sequence[str]) -> None:
         reason = "CUDA was initialised while importing, so no forked child could use the GPU"
     _send(reply_fd, {"ready": not reason, "reason": reason, "pid": os.getpid(), "modules": len(sys.modules),
                      "seconds": round(time.perf_counter() - started, 2), "skipped": skipped,
-                     "cuda_asked": guard.asked, "cuda_initialized": cuda_initialized})
+                     "cuda_asked": guard.asked, "cuda_initialized": cuda_initialized, "os_threads": _os_threads()})
     if reason:
         return
     children: dict[int, dict[str, Any]] = {}  # pid -> {"id", "deadline", "timed_out"}

@@ -113,13 +113,15 @@ def _run(name: str, root: Path, environment: dict[str, str], server: ForkServer 
                              environment=environment, fork_server=server)
 
 
-def test_the_server_imports_everything_and_never_initialises_cuda(server: ForkServer):
+def test_the_server_imports_everything_and_never_initialises_cuda(server: ForkServer, environment: dict[str, str]):
     ready = server.wait_ready()
     assert ready["ready"], ready
     # Every preloaded module came in, and none of them asked for CUDA (on a GPU machine a module that did
     # would be named here, with the line that asked); the server's own probe found its forks unpoisoned.
     assert ready["skipped"] == {} and ready["cuda_asked"] == [], ready
     assert ready["cuda_initialized"] is False
+    if environment["OMP_NUM_THREADS"] == "1":  # no BLAS or OpenMP pool either, whose threads a child would lack
+        assert ready["os_threads"] in (1, None), ready
     assert ready["modules"] > 1000  # torch, transformers, hypothesis, the harness: not a bare interpreter
     assert not any(name.startswith("suites") for name in PRELOAD)
 

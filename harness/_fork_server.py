@@ -11,9 +11,10 @@ test module of a suite (pytest imports those in each child, fresh); it enforces 
 It never initialises CUDA: a CUDA context does not survive a fork, and once a process has asked the
 driver anything, torch refuses CUDA in every child it forks. While it imports, the calls that would reach
 the driver (:func:`torch.cuda.is_available` and the rest, :data:`_CUDA_CALLS`) raise instead, so a module
-that asks at import time is left for the children to import; before it reports ready it forks a probe
-that asks torch whether its forks are poisoned. Either failure, or a thread left running by an import,
-makes it refuse to serve, and the caller starts plain processes instead.
+that asks at import time is left for the children to import (the ready message names it and the line
+that asked). Before it reports ready it forks a probe that asks torch whether its forks are poisoned
+(CUDA reached some other way); a poisoned fork, or a thread left running by an import, makes it refuse
+to serve, and the caller starts plain processes instead.
 
 Protocol: JSON lines on two pipes (request and reply file descriptors given as arguments). The server
 first says ``{"ready": true, ...}`` or ``{"ready": false, "reason": ...}``; a request

@@ -143,15 +143,20 @@ def _submodules(package: str) -> list[str]:
 
 def _plugin_modules() -> list[str]:
     """The modules of the pytest plugins that pytest loads in each child: its own, and the installed
-    packages' (entry points), unless autoloading is off."""
+    packages' (entry points) unless autoloading is off or PYTEST_ADDOPTS blocks them (``-p no:NAME``)."""
     import _pytest.config
 
     modules = [f"_pytest.{name}" for name in _pytest.config.default_plugins]
     if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
         return modules
+    import shlex
     from importlib.metadata import entry_points
 
-    return modules + [entry.value.split(":")[0] for entry in entry_points(group="pytest11")]
+    words = shlex.split(os.environ.get("PYTEST_ADDOPTS", ""))
+    plugins = [after for word, after in zip(words, words[1:]) if word == "-p"]
+    plugins += [word[2:] for word in words if word.startswith("-p") and len(word) > 2]  # -pno:NAME
+    blocked = {plugin.removeprefix("no:") for plugin in plugins if plugin.startswith("no:")}
+    return modules + [entry.value.split(":")[0] for entry in entry_points(group="pytest11") if entry.name not in blocked]
 
 
 def _preload(names: Sequence[str], guard: _CudaGuard) -> dict[str, str]:

@@ -214,3 +214,12 @@ def test_selfcheck_passes_no_server_when_switched_off(monkeypatch: pytest.Monkey
                             fork_server=False)
     assert servers and not any(servers)
     assert time.monotonic() - started < 30
+
+
+def test_plugins_a_run_blocks_are_not_preloaded(monkeypatch: pytest.MonkeyPatch):
+    from harness._fork_server import _plugin_modules
+
+    assert "xdist.plugin" in _plugin_modules() and "_pytest.python" in _plugin_modules()
+    monkeypatch.setenv("PYTEST_ADDOPTS", "-q -p no:xdist -pno:timeout")
+    modules = _plugin_modules()
+    assert "xdist.plugin" not in modules and "pytest_timeout" not in modules and "_pytest.python" in modules

@@ -277,7 +277,8 @@ def run_selfcheck(*, components: list[str], graph_backend: str, device: str, job
     # Where references are spread over xdist workers they run beside the mutants' slots, not in them:
     # a reference holding a slot for its whole suite left the mutants one slot of four on the H200.
     beside = reference_workers() > 1
-    threads = max(1, cores // (jobs + len(references) * reference_workers() if beside else max(1, jobs)))
+    processes = jobs + len(references) * reference_workers() if beside else jobs
+    threads = max(1, cores // max(1, processes))
     # One environment for every child, taken once: the server imports under it, and this process's own
     # variables may change meanwhile (torch's inductor sets TORCHINDUCTOR_CACHE_DIR when first asked).
     environment = child_environment(threads=threads)

@@ -2,7 +2,7 @@
 
     python -m harness list [--component C ...]
     python -m harness selfcheck [--component C ...] [--graph-backend B] [--device D] [--jobs N] [--json PATH]
-                                [--test-timeout S] [--process-timeout S]
+                                [--test-timeout S] [--process-timeout S] [--no-fork-server]
     python -m harness bench runner|gather|tolerance [options; --help lists each benchmark's own]
     python -m harness report [--run-report PATH] [--selfcheck PATH] [--annotate JUNIT_XML]  (CI step summary)
     python -m harness conformance --impl COMPONENT=SPEC [--device D] [--graph-backend B] [--out DIR] [--jobs N]
@@ -70,7 +70,8 @@ def _selfcheck(arguments: argparse.Namespace) -> int:
     outcomes = selfcheck.run_selfcheck(components=chosen, graph_backend=arguments.graph_backend,
                                        device=arguments.device, jobs=arguments.jobs, root=root,
                                        test_timeout=arguments.test_timeout or None,
-                                       process_timeout=arguments.process_timeout or None)
+                                       process_timeout=arguments.process_timeout or None,
+                                       fork_server=not arguments.no_fork_server)
     wall = time.perf_counter() - started
     print(selfcheck.format_matrix(outcomes))
     print(f"whole matrix: {wall:.0f} s")
@@ -173,6 +174,10 @@ def main(argv: list[str] | None = None, *, prog: str | None = None) -> int:
     check.add_argument("--process-timeout", type=float, default=selfcheck.PROCESS_SECONDS, metavar="SECONDS",
                        help="time limit of each pytest process, which is then stopped with its workers and reported "
                             "'timed out' (0: none; default %(default)g)")
+    check.add_argument("--no-fork-server", action="store_true",
+                       help="start every mutant's pytest as a plain process (also HARNESS_FORK_SERVER=0); by default "
+                            "they are forked from one process that has imported torch, transformers, hypothesis and "
+                            "the harness once (where the platform has os.fork)")
     check.add_argument("--keep-hints", action="store_true",
                        help="do not rewrite golden/selfcheck/kill_matrix.json (which test killed each mutant)")
     check.add_argument("--check-kill-matrix", action="store_true",

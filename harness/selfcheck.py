@@ -1,7 +1,11 @@
 """The mutant kill matrix: every known-bad implementation must fail its component's suites.
 
 Each run is a separate pytest process (``pytest suites/<component> --impl <component>=<spec> -x``):
-a mutant may corrupt global state or crash the interpreter, and must not take the check with it.
+a mutant may corrupt global state or crash the interpreter, and must not take the check with it. A
+mutant's process is forked from a warm server that has imported the libraries every run needs
+(:mod:`harness._fork_server`; off with ``--no-fork-server`` or ``HARNESS_FORK_SERVER=0``), so it starts
+in a fraction of a second; where the server cannot serve, the run starts as a plain process and the
+matrix says so. References, which run whole suites over xdist workers, always start as plain processes.
 
 A mutant's run starts with the test that killed it last (the committed hint file
 :data:`HINTS_PATH`, rewritten after every selfcheck), then the rest of its suite, so a mutant dies
@@ -33,9 +37,11 @@ from pathlib import Path
 from typing import Any
 
 from harness import components, impls
+from harness._fork_server import ForkServer, ForkServerUnavailable
+from harness._fork_server import available as fork_server_available
 
 __all__ = ["Outcome", "HINTS_PATH", "default_jobs", "run_one", "run_selfcheck", "judge", "format_matrix", "write_json",
-           "read_hints", "write_hints", "TEST_SECONDS", "PROCESS_SECONDS"]
+           "read_hints", "write_hints", "child_environment", "fork_server_wanted", "TEST_SECONDS", "PROCESS_SECONDS"]
 
 _FAILED_LINE = re.compile(r"^(?:FAILED|ERROR) (\S+)", re.MULTILINE)
 # Which test killed which mutant last, per graph backend; relative to the project root.
@@ -70,6 +76,7 @@ class Outcome:
     graph_backend: str = ""
     failures: tuple[str, ...] = ()  # every failing test of the run (a mutant's run stops at its first)
     not_judged_because: str = ""
+    launch: str = ""  # fork server / process / process (why the fork server did not run it)
 
     @property
     def ok(self) -> bool:
@@ -127,11 +134,29 @@ def _stop(process: subprocess.Popen) -> None:
         process.kill()
 
 
+def child_environment(*, threads: int | None = None) -> dict[str, str]:
+    """The environment every child of a run shares (a fork server is started with it); each run adds the
+    variables of :data:`harness._fork_server.PER_RUN_VARIABLES`."""
+    environment = dict(os.environ)
+    environment.setdefault("HYPOTHESIS_PROFILE", "selfcheck")  # ci's examples, no shrinking
+    if threads:  # concurrent pytest processes must not each start a full intra-op thread pool
+        environment.setdefault("OMP_NUM_THREADS", str(threads))
+    # Nor a pool of inductor compile workers each (one per core by default): the suites' kernels are
+    # tiny, and dozens of concurrent processes each forking a pool only fight over the cores.
+    environment.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+    return environment
+
+
 def run_one(impl: impls.Implementation, *, graph_backend: str, device: str, root: Path,
             extra_args: list[str] | None = None, threads: int | None = None, first: str = "",
-            test_timeout: float | None = TEST_SECONDS, process_timeout: float | None = PROCESS_SECONDS) -> Outcome:
+            test_timeout: float | None = TEST_SECONDS, process_timeout: float | None = PROCESS_SECONDS,
+            environment: dict[str, str] | None = None, fork_server: ForkServer | None = None) -> Outcome:
     """Run ``impl`` against its component's suite in a child pytest process, ``first`` (a node id) first,
-    each test under ``test_timeout`` seconds and the process under ``process_timeout`` (None: no limit)."""
+    each test under ``test_timeout`` seconds and the process under ``process_timeout`` (None: no limit).
+
+    ``environment`` is what the children of one matrix share (default: :func:`child_environment`). A
+    mutant's child is forked from ``fork_server`` where one is given (and serves this run), else started
+    as a plain process, as a reference's always is."""
     suite = components.get_component(impl.component).suite
     is_mutant = impl.kind != "reference"
     command = [
@@ -142,13 +167,7 @@ def run_one(impl: impls.Implementation, *, graph_backend: str, device: str, root
         "--graph-backend", graph_backend, "--device", device,
         *(["--timeout", f"{test_timeout:g}"] if test_timeout else []), *(extra_args or []),
     ]
-    environment = dict(os.environ)
-    environment.setdefault("HYPOTHESIS_PROFILE", "selfcheck")  # ci's examples, no shrinking
-    if threads:  # concurrent pytest processes must not each start a full intra-op thread pool
-        environment.setdefault("OMP_NUM_THREADS", str(threads))
-    # Nor a pool of inductor compile workers each (one per core by default): the suites' kernels are
-    # tiny, and dozens of concurrent processes each forking a pool only fight over the cores.
-    environment.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+    environment = dict(environment) if environment is not None else child_environment(threads=threads)
     if not is_mutant and reference_workers() > 1:
         command += ["-n", str(reference_workers())]
     environment["HARNESS_RUN_FIRST"] = first if is_mutant else ""
@@ -156,20 +175,10 @@ def run_one(impl: impls.Implementation, *, graph_backend: str, device: str, root
     with tempfile.TemporaryDirectory() as scratch:
         report_path = Path(scratch) / "first_failure.json"
         environment["HARNESS_FIRST_FAILURE"] = str(report_path)
-        environment["HARNESS_STARTED_AT"] = repr(time.time())
-        started = time.perf_counter()
-        process = subprocess.Popen(command, cwd=root, env=environment, stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE, text=True, start_new_session=True)
-        try:
-            stdout, stderr = process.communicate(timeout=process_timeout)
-            returncode: int | None = process.returncode
-        except subprocess.TimeoutExpired:
-            _stop(process)
-            stdout, stderr = process.communicate()
-            returncode = None
-        seconds = time.perf_counter() - started
+        returncode, output, seconds, launch = _launch(command, environment, cwd=root, time_limit=process_timeout,
+                                                      scratch=Path(scratch),
+                                                      fork_server=fork_server if is_mutant else None)
         first_failure = json.loads(report_path.read_text()) if report_path.is_file() else None
-    output = stdout + stderr
     listed = _FAILED_LINE.findall(output)
     failures = [first_failure["nodeid"]] if first_failure else listed
     if returncode is None and not failures:
@@ -188,7 +197,41 @@ def run_one(impl: impls.Implementation, *, graph_backend: str, device: str, root
                         "--graph-backend", graph_backend, "--device", device, "-x"])
     return Outcome(impl.component, impl.name, impl.kind, verdict, failures[0] if failures else "", seconds,
                    display, impl.bug, first_failure["seconds"] if first_failure else None,
-                   _effective_backend(graph_backend, device), tuple(dict.fromkeys(failures + listed)))
+                   _effective_backend(graph_backend, device), tuple(dict.fromkeys(failures + listed)),
+                   launch=launch)
+
+
+def _launch(command: list[str], environment: dict[str, str], *, cwd: Path, time_limit: float | None,
+            scratch: Path, fork_server: ForkServer | None) -> tuple[int | None, str, float, str]:
+    """Start one run and wait for it: from ``fork_server`` where it serves the run, else as a plain process.
+    Returns the exit status (None: stopped at ``time_limit``), stdout then stderr, the seconds it took, and
+    how it was started ("fork server", "process", or "process (why the fork server did not run it)")."""
+    launch = "process"
+    if fork_server is not None:
+        stdout, stderr = scratch / "stdout", scratch / "stderr"
+        try:
+            fork_server.wait_ready()  # its imports are the matrix's, not this run's: they are not timed
+            environment["HARNESS_STARTED_AT"] = repr(time.time())
+            started = time.perf_counter()
+            returncode = fork_server.run(command, environment=environment, cwd=cwd, time_limit=time_limit,
+                                         stdout=stdout, stderr=stderr)
+            output = "".join(path.read_text(errors="replace") for path in (stdout, stderr) if path.is_file())
+            return returncode, output, time.perf_counter() - started, "fork server"
+        except ForkServerUnavailable as unavailable:
+            launch = f"process ({unavailable})"
+            Path(environment["HARNESS_FIRST_FAILURE"]).unlink(missing_ok=True)  # a dead server's child's
+    environment["HARNESS_STARTED_AT"] = repr(time.time())
+    started = time.perf_counter()
+    process = subprocess.Popen(command, cwd=cwd, env=environment, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout_text, stderr_text = process.communicate(timeout=time_limit)
+        returncode: int | None = process.returncode
+    except subprocess.TimeoutExpired:
+        _stop(process)
+        stdout_text, stderr_text = process.communicate()
+        returncode = None
+    return returncode, stdout_text + stderr_text, time.perf_counter() - started, launch
 
 
 def judge(outcomes: list[Outcome]) -> list[Outcome]:
@@ -212,8 +255,12 @@ def judge(outcomes: list[Outcome]) -> list[Outcome]:
 
 def run_selfcheck(*, components: list[str], graph_backend: str, device: str, jobs: int | None,
                   root: Path, test_timeout: float | None = TEST_SECONDS,
-                  process_timeout: float | None = PROCESS_SECONDS) -> list[Outcome]:
-    """The reference and every mutant of each component, ``jobs`` processes at once (limits: :func:`run_one`)."""
+                  process_timeout: float | None = PROCESS_SECONDS, fork_server: bool = True) -> list[Outcome]:
+    """The reference and every mutant of each component, ``jobs`` processes at once (limits: :func:`run_one`).
+
+    With ``fork_server`` (and where the platform forks, and ``HARNESS_FORK_SERVER`` is not ``0``), the
+    mutants' children are forked from one warm process that has imported the libraries they all need
+    (:mod:`harness._fork_server`); the references always start as plain processes."""
     jobs = jobs or default_jobs(device)
     backend = _effective_backend(graph_backend, device)
     hints = read_hints(root)
@@ -227,26 +274,41 @@ def run_selfcheck(*, components: list[str], graph_backend: str, device: str, job
                             impl.bug, None, backend)
                     for impl in registered.values() if impl.kind == "mutant" and not impl.judged_on(backend)]
     cores = os.cpu_count() or 1
-
-    def submit(pool: concurrent.futures.Executor, impl: impls.Implementation, threads: int) -> Any:
-        return pool.submit(run_one, impl, graph_backend=graph_backend, device=device, root=root, threads=threads,
-                           first=hints.get((impl.component, impl.name, backend), ""),
-                           test_timeout=test_timeout, process_timeout=process_timeout)
-
-    if reference_workers() == 1:
-        # References run whole suites: start them first, in the same slots, so they do not finish last.
-        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-            futures = [submit(pool, impl, max(1, cores // max(1, jobs))) for impl in references + mutants]
-            return judge([future.result() for future in futures]) + skipped
     # Where references are spread over xdist workers they run beside the mutants' slots, not in them:
     # a reference holding a slot for its whole suite left the mutants one slot of four on the H200.
-    processes = jobs + len(references) * reference_workers()
-    threads = max(1, cores // processes)
-    with concurrent.futures.ThreadPoolExecutor(max_workers=len(references)) as reference_pool, \
-            concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as mutant_pool:
-        futures = [submit(reference_pool, impl, threads) for impl in references]
-        futures += [submit(mutant_pool, impl, threads) for impl in mutants]
-        return judge([future.result() for future in futures]) + skipped
+    beside = reference_workers() > 1
+    processes = jobs + len(references) * reference_workers() if beside else jobs
+    threads = max(1, cores // max(1, processes))
+    # One environment for every child, taken once: the server imports under it, and this process's own
+    # variables may change meanwhile (torch's inductor sets TORCHINDUCTOR_CACHE_DIR when first asked).
+    environment = child_environment(threads=threads)
+    server = ForkServer(environment=environment, cwd=root) if mutants and fork_server_wanted(fork_server) else None
+
+    def submit(pool: concurrent.futures.Executor, impl: impls.Implementation) -> Any:
+        return pool.submit(run_one, impl, graph_backend=graph_backend, device=device, root=root, threads=threads,
+                           first=hints.get((impl.component, impl.name, backend), ""), environment=environment,
+                           test_timeout=test_timeout, process_timeout=process_timeout, fork_server=server)
+
+    try:
+        if not beside:
+            # References run whole suites: start them first, in the same slots, so they do not finish last.
+            with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+                futures = [submit(pool, impl) for impl in references + mutants]
+                return judge([future.result() for future in futures]) + skipped
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(references)) as reference_pool, \
+                concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as mutant_pool:
+            futures = [submit(reference_pool, impl) for impl in references]
+            futures += [submit(mutant_pool, impl) for impl in mutants]
+            return judge([future.result() for future in futures]) + skipped
+    finally:
+        if server is not None:
+            server.close()
+
+
+def fork_server_wanted(requested: bool = True) -> bool:
+    """Whether mutants run from a fork server: asked for, not switched off by ``HARNESS_FORK_SERVER=0``,
+    and possible here (a platform without ``os.fork`` starts plain processes)."""
+    return requested and os.environ.get("HARNESS_FORK_SERVER", "1") != "0" and fork_server_available()
 
 
 def format_matrix(outcomes: list[Outcome]) -> str:
@@ -268,6 +330,10 @@ def format_matrix(outcomes: list[Outcome]) -> str:
     lines.insert(1, "-" * len(lines[0]))
     if preamble:
         lines[:0] = preamble + [""]
+    fell_back = [o for o in outcomes if o.launch.startswith("process (")]
+    if fell_back:  # slower, not wrong: each of these ran as a plain process, as a reference does
+        lines.append(f"\n{len(fell_back)} mutant runs started as plain processes, not from the fork server: "
+                     f"{fell_back[0].launch.removeprefix('process (').removesuffix(')')}")
     killed = sum(o.verdict == "killed" for o in outcomes)
     mutants = sum(o.kind == "mutant" and o.verdict != "skipped" for o in outcomes)
     skipped = sum(o.verdict == "skipped" for o in outcomes)

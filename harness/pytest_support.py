@@ -378,15 +378,6 @@ def use_harness_orphan_rule(config: pytest.Config) -> None:
     config.option.warn_unused_snapshots = True
 
 
-def _syrupy_version() -> str:
-    import importlib.metadata
-
-    try:
-        return importlib.metadata.version("syrupy")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
-
-
 def activate(config: pytest.Config) -> HarnessSession:
     """Start the harness in this run, once: validate its options (a bad one is a usage error, not a failure
     in every test), load its hypothesis profile, set torch's threads, syrupy's options, the environment
@@ -407,9 +398,10 @@ def activate(config: pytest.Config) -> HarnessSession:
             if config.getoption("--snapshot-update", False) and not hasattr(config.option, "disable_unused_snapshots"):
                 # syrupy 5 has no switch for its own rule: an update would delete every golden this run does not
                 # use, such as the capture matrix of another device and the compile accounting of other torch minors.
-                raise UsageError(f"--snapshot-update needs syrupy 6.0 or newer (installed: syrupy {_syrupy_version()}): "
-                                 "syrupy 5 deletes every golden the run does not use, such as those recorded on another "
-                                 "device or torch version; upgrade it first: pip install 'syrupy>=6'")
+                raise UsageError("--snapshot-update needs syrupy 6.0 or newer (the installed one has no "
+                                 "--snapshot-disable-unused): syrupy 5 deletes every golden the run does not use, such as "
+                                 "those recorded on another device or torch version; upgrade it first: "
+                                 "pip install 'syrupy>=6'")
             use_harness_orphan_rule(config)
         # In the environment, so that child processes (kill matrix, subprocess cases) build the same stacks.
         os.environ[EXPERTS_VARIABLE] = experts_implementation(config.getoption("--experts-implementation"))

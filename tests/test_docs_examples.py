@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.selfcheck import reference_workers
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "docs" / "examples"
 _BLOCK = re.compile(r"(?:^(?P<marker><!--.*?-->)\n)?^```python\n(?P<body>.*?)^```$", re.MULTILINE | re.DOTALL)
@@ -56,9 +58,10 @@ def test_the_example_passes_its_suite(spec):
                    "PYTHONPATH": os.pathsep.join(filter(None, [str(EXAMPLES), os.environ.get("PYTHONPATH")]))}
     # The example engine runs on one rank: its adapter is held to the single-rank contract (--tp 1 leaves
     # the tensor-parallel cases out, as it would for any engine without tensor parallelism).
-    # A whole suite in one child: spread over xdist workers where cores allow (a GPU runner's 16: the
-    # examples' suites on CUDA took most of the GPU check's tests step serially), serial on a small machine.
-    workers = min(4, (os.cpu_count() or 1) // 4)
+    # A whole suite in one child, spread over xdist workers where cores allow as the kill matrix spreads a
+    # reference's (a GPU runner's 16 cores: the examples' suites on CUDA took most of the GPU check's tests
+    # step serially), serial on a small machine.
+    workers = reference_workers()
     completed = subprocess.run([sys.executable, "-m", "pytest", f"suites/{component}", "--impl", spec, "-q",
                                 "-p", "no:cacheprovider", *(["--tp", "1"] if component == "runner" else []),
                                 *(["-n", str(workers)] if workers > 1 else [])],

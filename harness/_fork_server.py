@@ -9,10 +9,12 @@ output to the request's files, takes the request's working directory and environ
 test module of a suite (pytest imports those in each child, fresh); it enforces each child's time limit.
 
 It never initialises CUDA: a CUDA context does not survive a fork, and once a process has asked the
-driver anything, torch refuses CUDA in every child it forks. While it imports, the calls that would reach
-the driver (:func:`torch.cuda.is_available` and the rest, :data:`_CUDA_CALLS`) raise instead, so a module
-that asks at import time is left for the children to import (the ready message names it and the line
-that asked). Before it reports ready it forks a probe that asks torch whether its forks are poisoned
+driver anything, torch refuses CUDA in every child it forks. While it imports, torch answers "is there a
+GPU" from NVML, which does not reach the driver (``PYTORCH_NVML_BASED_CUDA_CHECK=1``, so Inductor's and
+cpp_extension's :func:`torch.cuda.is_available` at import time is harmless), and the calls that would
+reach the driver (:data:`_CUDA_CALLS`, NVML's fallback among them) raise instead, so a module that asks
+at import time is left for the children to import (the ready message names it and the line that
+asked). Before it reports ready it forks a probe that asks torch whether its forks are poisoned
 (CUDA reached some other way); a poisoned fork, or a thread left running by an import, makes it refuse
 to serve, and the caller starts plain processes instead.
 
@@ -67,8 +69,11 @@ PER_RUN_VARIABLES = ("HARNESS_RUN_FIRST", "HARNESS_EXIT_ON_FIRST_FAILURE", "HARN
 # asserts and says so once per plugin module; the tests' own modules are still rewritten in the child.
 _CHILD_OPTIONS = ("-W", "ignore::pytest.PytestAssertRewriteWarning")
 # The torch.cuda functions (and torch._C entry points) that reach the CUDA driver; the rest go through them.
-_CUDA_CALLS = ("torch.cuda.is_available", "torch.cuda.device_count", "torch.cuda.init", "torch.cuda._lazy_init",
-               "torch.cuda.current_device", "torch._C._cuda_getDeviceCount", "torch._C._cuda_init")
+# is_available and device_count are not among them: under _NVML_CHECK they count devices through NVML and
+# reach the driver only by _cuda_getDeviceCount, where NVML fails.
+_CUDA_CALLS = ("torch.cuda.init", "torch.cuda._lazy_init", "torch.cuda.current_device",
+               "torch._C._cuda_getDeviceCount", "torch._C._cuda_init")
+_NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
 _CHILD_FAILED = 70  # the child's own set-up failed before pytest ran (EX_SOFTWARE)
 _POLL_SECONDS = 0.02
 
@@ -268,8 +273,17 @@ def serve(request_fd: int, reply_fd: int, preload: Sequence[str]) -> None:
     if sys.path and sys.path[0] == "":  # as ``python -m pytest`` has it: the working directory, by its path
         sys.path[0] = os.getcwd()
     guard = _CudaGuard()
-    skipped = _preload(preload, guard)
-    guard.remove()
+    # Only while importing: the children run with the request's environment, the variable as the caller set it.
+    caller_nvml_check = os.environ.get(_NVML_CHECK)
+    os.environ[_NVML_CHECK] = "1"
+    try:
+        skipped = _preload(preload, guard)
+    finally:
+        guard.remove()
+        if caller_nvml_check is None:
+            del os.environ[_NVML_CHECK]
+        else:
+            os.environ[_NVML_CHECK] = caller_nvml_check
     gc.freeze()  # what was imported is never collected: the children's collections skip it, and its pages stay shared
     threads = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
     torch = sys.modules.get("torch")

@@ -170,14 +170,35 @@ def test_a_module_asking_for_cuda_at_import_is_left_to_the_children(root: Path, 
     # It would poison every fork on a GPU machine: the guard refuses the call (the module's own
     # ``except Exception`` cannot swallow the refusal), so the module is not imported and CUDA stays untouched.
     (root / "asks_for_cuda.py").write_text(
-        "import torch\n\ntry:\n    HAS_GPU = torch.cuda.is_available()\nexcept Exception:\n    HAS_GPU = False\n")
+        "import torch\n\ntry:\n    DEVICE = torch.cuda.current_device()\nexcept Exception:\n    DEVICE = None\n")
     with ForkServer(environment=environment, cwd=root, preload=("torch", "asks_for_cuda")) as server:
         ready = server.wait_ready()
     assert ready["ready"] and ready["cuda_initialized"] is False, ready
     assert list(ready["skipped"]) == ["asks_for_cuda"], ready
     assert "asks for CUDA at import" in ready["skipped"]["asks_for_cuda"]
-    assert ready["cuda_asked"] and ready["cuda_asked"][0].startswith("torch.cuda.is_available() from ")
+    assert ready["cuda_asked"] and ready["cuda_asked"][0].startswith("torch.cuda.current_device() from ")
     assert "asks_for_cuda.py:4" in ready["cuda_asked"][0]
+
+
+def test_a_module_asking_whether_there_is_a_gpu_is_preloaded(root: Path, environment: dict[str, str]):
+    # Inductor and cpp_extension ask at import time; the server answers from NVML, which leaves forks usable
+    # (on a GPU machine the probe before "ready" would find them poisoned otherwise), and puts the variable
+    # that says so back before it serves: a child sees the request's environment, and the preloaded module.
+    (root / "asks_whether.py").write_text(
+        "import os, torch\n\nHAS_GPU = torch.cuda.is_available() and torch.cuda.device_count() > 0\n"
+        "CHECK = os.environ.get('PYTORCH_NVML_BASED_CUDA_CHECK')\n")
+    (root / "test_child_environment.py").write_text(
+        "import os, sys\n\ndef test_environment():\n"
+        "    assert 'asks_whether' in sys.modules and sys.modules['asks_whether'].CHECK == '1'\n"
+        f"    assert os.environ.get('PYTORCH_NVML_BASED_CUDA_CHECK') == {environment.get('PYTORCH_NVML_BASED_CUDA_CHECK')!r}\n")
+    with ForkServer(environment=environment, cwd=root, preload=("torch", "asks_whether")) as server:
+        ready = server.wait_ready()
+        exit_status = server.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                                  "test_child_environment.py"], environment=environment, cwd=root, time_limit=120,
+                                 stdout=root / "environment.out", stderr=root / "environment.err")
+    assert ready["ready"] and ready["cuda_initialized"] is False, ready
+    assert ready["skipped"] == {} and ready["cuda_asked"] == [], ready
+    assert exit_status == 0, (root / "environment.out").read_text()[-3000:] + (root / "environment.err").read_text()
 
 
 def test_a_request_the_server_cannot_serve_runs_as_a_plain_process(root: Path, environment: dict[str, str],

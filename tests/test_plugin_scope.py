@@ -46,6 +46,10 @@ def test_records(request, snapshot):
 '''
 
 
+# Read at import: pytester, which the fixture below needs first, removes PYTEST_ADDOPTS from the environment.
+_MACHINE_BLOCKED_PLUGINS = re.findall(r"-p\s*no:\S+", os.environ.get("PYTEST_ADDOPTS", ""))
+
+
 @pytest.fixture
 def engine(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
     """A folder with an engine's own test and nothing of the harness; no variable of this run's own leaks in."""
@@ -53,10 +57,9 @@ def engine(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest
                  "HARNESS_EXPERTS_IMPLEMENTATION", "HARNESS_FAILURE_LOG"):
         monkeypatch.delenv(name, raising=False)
     # Of this run's PYTEST_ADDOPTS only the plugins the machine keeps out stay (a GPU image's pytest-benchmark,
-    # which .ci/gpu/run blocks: loaded, it leaves its own files in the engine's folder).
-    blocked = re.findall(r"-p\s*no:\S+", os.environ.get("PYTEST_ADDOPTS", ""))
-    monkeypatch.setenv("PYTEST_ADDOPTS", " ".join(blocked)) if blocked else monkeypatch.delenv("PYTEST_ADDOPTS",
-                                                                                               raising=False)
+    # which .ci/gpu/run blocks: loaded, it leaves its own .benchmarks folder in the engine's folder).
+    if _MACHINE_BLOCKED_PLUGINS:
+        monkeypatch.setenv("PYTEST_ADDOPTS", " ".join(_MACHINE_BLOCKED_PLUGINS))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # the same device (cpu) on a GPU runner too: --device auto
     pytester.makepyfile(test_engine=_ENGINE_TEST)
     return pytester

@@ -51,6 +51,7 @@ def test_the_doc_shows_the_example_file_verbatim(doc, path, spec, body):
     assert body == (ROOT / path).read_text(), f"{doc}: the block differs from {path}; paste the file into the doc"
 
 
+@pytest.mark.long_running
 @pytest.mark.parametrize("spec", [spec for _, _, spec, _ in _examples()])
 def test_the_example_passes_its_suite(spec):
     component = spec.split("=")[0]

@@ -153,6 +153,7 @@ def test_the_server_survives_its_children(server: ForkServer, root: Path, enviro
     assert server._process.poll() is None
 
 
+@pytest.mark.long_running
 def test_when_the_server_dies_its_run_and_the_rest_start_as_plain_processes(root: Path,
                                                                            environment: dict[str, str]):
     # A small preload: this server is killed at once, its imports need not be the matrix's.

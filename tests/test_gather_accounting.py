@@ -63,6 +63,7 @@ def crashing_gather(indices, topk_p_buf, topk_index_buf, output_tokens_buf, hidd
     return eager_gather(indices, topk_p_buf, topk_index_buf, output_tokens_buf, hidden_states_buf)
 
 
+@pytest.mark.long_running
 def test_probe_reports_each_outcome_and_survives_a_crash():
     pool = 5
     cases = [
@@ -76,6 +77,7 @@ def test_probe_reports_each_outcome_and_survives_a_crash():
     assert "killed by signal 9" in results["past-end"].detail
 
 
+@pytest.mark.long_running
 def test_bench_writes_a_row_per_point(tmp_path, capsys):
     path = tmp_path / "bench.json"
     assert bench.main(["gather", "--device", "cpu", "--counts", "1,3", "--pool", "16", "--hidden-size", "8",
@@ -93,6 +95,7 @@ def test_bench_rejects_another_component(capsys):
     assert "this benchmark measures gather, not graphs" in capsys.readouterr().err
 
 
+@pytest.mark.long_running
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
     not torch.cuda.is_available(), reason="no CUDA device: the profiler's CUDA activity cannot run"))])
 def test_bench_gather_prints_no_profiler_log_line(device):

@@ -127,6 +127,7 @@ def test_help_lists_the_options_without_activating(engine: pytest.Pytester):
     assert "harness: device=" not in help_text
 
 
+@pytest.mark.long_running
 def test_the_suites_activate_it_when_collected(pytester: pytest.Pytester, monkeypatch):
     """``pytest .`` in a checkout activates the harness on reaching ``suites/`` (before importing them),
     as ``pytest suites/`` does at start-up; the engine's one-file conftest.py (collect_suite) too."""

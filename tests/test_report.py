@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from harness import observations
@@ -56,6 +57,7 @@ def test_broken():
 '''
 
 
+@pytest.mark.long_running
 def test_report_is_written_as_json_and_merged_across_xdist_workers(pytester):
     pytester.makeconftest('pytest_plugins = ["harness.report"]\n')
     pytester.mkdir("suites")

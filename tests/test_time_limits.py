@@ -88,6 +88,7 @@ def _test_seconds(junit: Path) -> dict[str, float]:
     return {case.get("name"): float(case.get("time")) for case in ElementTree.parse(junit).getroot().iter("testcase")}
 
 
+@pytest.mark.long_running
 def test_a_hang_inside_a_given_test_fails_within_its_limit_naming_the_example(sleepy: Path):
     junit = sleepy / "junit.xml"
     completed = _pytest("suites/gather/test_contract.py::test_matches_eager_oracle_over_the_contract[no-hidden]",
@@ -118,6 +119,7 @@ def test_a_hang_inside_a_state_machine_names_the_rule(tmp_path: Path):
                      r"stuck at test_machine\.py:\d+ in add", output), output[-3000:]
 
 
+@pytest.mark.long_running
 def test_a_hang_in_the_start_up_smoke_call_is_one_line_usage_error(sleepy: Path):
     started = time.monotonic()
     completed = _pytest("suites/runner", "--impl", "runner=sleepy_runner:make_runner", "--startup-timeout", "30")

@@ -207,12 +207,38 @@ def _fork_poisoned() -> bool:
     return os.waitstatus_to_exitcode(status) != 0
 
 
-def _os_threads() -> int | None:
-    """This process's threads, native ones too (an OpenMP or BLAS pool a child would not inherit); Linux only."""
+def _os_threads() -> list[str] | None:
+    """The names of this process's threads, native ones too (an OpenMP or BLAS pool, a driver library's
+    worker: a forked child would not inherit them); Linux only."""
     try:
-        return len(os.listdir("/proc/self/task"))
+        tasks = sorted(os.listdir("/proc/self/task"), key=int)
     except OSError:
         return None
+    names = []
+    for task in tasks:
+        try:
+            names.append(Path(f"/proc/self/task/{task}/comm").read_text().strip())
+        except OSError:  # it ended meanwhile
+            pass
+    return names
+
+
+def _shut_down_nvml() -> None:
+    """NVML, which torch initialised to count devices while importing (and never shuts down), keeps a thread
+    of its own that a forked child would lack: shut it down before serving (a child's torch initialises it
+    again where it asks). Each of torch's counts initialised it once: shut down until NVML says it is not."""
+    torch = sys.modules.get("torch")
+    if torch is None or not hasattr(torch._C, "_cuda_getDeviceCount"):  # a CPU build never loads NVML
+        return
+    import ctypes
+
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return
+    for _ in range(10_000):
+        if nvml.nvmlShutdown() != 0:  # NVML_ERROR_UNINITIALIZED once every initialisation is matched
+            return
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -284,6 +310,7 @@ def serve(request_fd: int, reply_fd: int, preload: Sequence[str]) -> None:
             del os.environ[_NVML_CHECK]
         else:
             os.environ[_NVML_CHECK] = caller_nvml_check
+    _shut_down_nvml()
     gc.freeze()  # what was imported is never collected: the children's collections skip it, and its pages stay shared
     threads = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
     torch = sys.modules.get("torch")

@@ -121,7 +121,7 @@ def test_the_server_imports_everything_and_never_initialises_cuda(server: ForkSe
     assert ready["skipped"] == {} and ready["cuda_asked"] == [], ready
     assert ready["cuda_initialized"] is False
     if environment["OMP_NUM_THREADS"] == "1":  # no BLAS or OpenMP pool either, whose threads a child would lack
-        assert ready["os_threads"] in (1, None), ready
+        assert ready["os_threads"] is None or len(ready["os_threads"]) == 1, ready
     assert ready["modules"] > 1000  # torch, transformers, hypothesis, the harness: not a bare interpreter
     assert not any(name.startswith("suites") for name in PRELOAD)
 

@@ -26,13 +26,15 @@ def test_the_workflow_runs_every_step_of_the_script_and_nothing_else():
         "gpu.yml runs a check of its own; make it a step of .ci/gpu/run")
 
 
-def test_every_step_has_a_limit_and_the_limits_fit_eight_minutes():
+def test_every_step_has_a_limit_and_the_limits_fit_one_device_call():
     text = SCRIPT.read_text()
     limits = {name: int(seconds) for name, seconds in re.findall(r"^limit\[(\w+)\]=(\d+)", text, re.MULTILINE)}
     assert set(limits) == set(_script_steps())
     default = re.search(r"\|\| steps=\(([\w ]+)\)", text)[1].split()  # opt-in steps (sglang) run on their own
-    assert sum(limits[step] for step in default) <= 8 * 60 + 60, (
-        f"step limits {limits} of the default steps {default} exceed the 8-minute budget (with set-up)")
+    # The whole check in one 10-minute call of a GPU machine, with half a minute for installing the wheels
+    # and printing the table.
+    assert sum(limits[step] for step in default) <= 9 * 60 + 30, (
+        f"step limits {limits} of the default steps {default} exceed 9.5 minutes (one device call with set-up)")
     assert all(limit <= 590 for limit in limits.values()), "a step must fit one 10-minute device call with set-up"
 
 

@@ -14,9 +14,10 @@ GPU" from NVML, which does not reach the driver (``PYTORCH_NVML_BASED_CUDA_CHECK
 cpp_extension's :func:`torch.cuda.is_available` at import time is harmless), and the calls that would
 reach the driver (:data:`_CUDA_CALLS`, NVML's fallback among them) raise instead, so a module that asks
 at import time is left for the children to import (the ready message names it and the line that
-asked). Before it reports ready it forks a probe that asks torch whether its forks are poisoned
-(CUDA reached some other way); a poisoned fork, or a thread left running by an import, makes it refuse
-to serve, and the caller starts plain processes instead.
+asked). Before it reports ready it forks a probe that asks torch whether its forks are poisoned and, on
+a GPU machine, runs a kernel (a library may reach the driver by its own calls, past the guard); a fork
+that cannot use the GPU, or a Python thread left running by an import, makes it refuse to serve, and
+the caller starts plain processes instead.
 
 Protocol: JSON lines on two pipes (request and reply file descriptors given as arguments). The server
 first says ``{"ready": true, ...}`` or ``{"ready": false, "reason": ...}``; a request
@@ -195,16 +196,38 @@ def _preload(names: Sequence[str], guard: _CudaGuard) -> dict[str, str]:
     return skipped
 
 
-def _fork_poisoned() -> bool:
-    """Whether torch refuses CUDA in a child forked now (it would, had this process reached the driver)."""
+def _fork_defect(gpus: int | None) -> str:
+    """Why a child forked now could not use CUDA as a fresh process does ("" when it can): torch marks the
+    forks of a process that initialised CUDA, and a process that reached the driver some other way leaves
+    forks whose CUDA calls fail, so on a GPU machine (``gpus`` as NVML counted them; None: not known) the
+    probe child also runs a kernel."""
     torch = sys.modules.get("torch")
     if torch is None:
-        return False
+        return ""
+    read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:
-        os._exit(1 if torch.cuda._is_in_bad_fork() else 0)
+        os.close(read_end)
+        reason = ""
+        try:
+            if torch.cuda._is_in_bad_fork():
+                reason = "torch marks this process's forks as unable to use CUDA"
+            elif (gpus if gpus is not None else getattr(torch._C, "_cuda_getDeviceCount", lambda: 0)()) > 0:
+                if torch.ones(1, device="cuda").add_(1).item() != 2:
+                    reason = "a kernel in a forked child computed a wrong value"
+        except BaseException as error:  # noqa: BLE001 - the probe reports whatever stopped it
+            reason = f"a forked child cannot use the GPU ({type(error).__name__}: {str(error)[:200]})"
+        _write_all(write_end, reason.encode())
+        os._exit(0)
+    os.close(write_end)
+    chunks = []
+    while chunk := os.read(read_end, 4096):
+        chunks.append(chunk)
+    os.close(read_end)
     _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status) != 0
+    if os.waitstatus_to_exitcode(status) != 0:
+        return f"the fork probe ended with status {os.waitstatus_to_exitcode(status)}"
+    return b"".join(chunks).decode(errors="replace")
 
 
 def _os_threads() -> list[str] | None:
@@ -221,24 +244,6 @@ def _os_threads() -> list[str] | None:
         except OSError:  # it ended meanwhile
             pass
     return names
-
-
-def _shut_down_nvml() -> None:
-    """NVML, which torch initialised to count devices while importing (and never shuts down), keeps a thread
-    of its own that a forked child would lack: shut it down before serving (a child's torch initialises it
-    again where it asks). Each of torch's counts initialised it once: shut down until NVML says it is not."""
-    torch = sys.modules.get("torch")
-    if torch is None or not hasattr(torch._C, "_cuda_getDeviceCount"):  # a CPU build never loads NVML
-        return
-    import ctypes
-
-    try:
-        nvml = ctypes.CDLL("libnvidia-ml.so.1")
-    except OSError:
-        return
-    for _ in range(10_000):
-        if nvml.nvmlShutdown() != 0:  # NVML_ERROR_UNINITIALIZED once every initialisation is matched
-            return
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -302,15 +307,20 @@ def serve(request_fd: int, reply_fd: int, preload: Sequence[str]) -> None:
     # Only while importing: the children run with the request's environment, the variable as the caller set it.
     caller_nvml_check = os.environ.get(_NVML_CHECK)
     os.environ[_NVML_CHECK] = "1"
+    gpus: int | None = None
     try:
         skipped = _preload(preload, guard)
+        if "torch" in sys.modules:
+            try:
+                gpus = sys.modules["torch"].cuda.device_count()  # NVML's count: the driver stays untouched
+            except _CudaAsked:  # NVML could not count; the probe child asks the driver itself
+                pass
     finally:
         guard.remove()
         if caller_nvml_check is None:
             del os.environ[_NVML_CHECK]
         else:
             os.environ[_NVML_CHECK] = caller_nvml_check
-    _shut_down_nvml()
     gc.freeze()  # what was imported is never collected: the children's collections skip it, and its pages stay shared
     threads = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
     torch = sys.modules.get("torch")
@@ -318,11 +328,14 @@ def serve(request_fd: int, reply_fd: int, preload: Sequence[str]) -> None:
     reason = ""
     if threads:
         reason = f"an import started threads ({', '.join(threads)}), which a fork would not carry"
-    elif cuda_initialized or _fork_poisoned():
+    elif cuda_initialized:
         reason = "CUDA was initialised while importing, so no forked child could use the GPU"
+    else:
+        reason = _fork_defect(gpus)
     _send(reply_fd, {"ready": not reason, "reason": reason, "pid": os.getpid(), "modules": len(sys.modules),
                      "seconds": round(time.perf_counter() - started, 2), "skipped": skipped,
-                     "cuda_asked": guard.asked, "cuda_initialized": cuda_initialized, "os_threads": _os_threads()})
+                     "cuda_asked": guard.asked, "cuda_initialized": cuda_initialized, "gpus": gpus,
+                     "os_threads": _os_threads()})
     if reason:
         return
     children: dict[int, dict[str, Any]] = {}  # pid -> {"id", "deadline", "timed_out"}

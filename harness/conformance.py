@@ -146,7 +146,6 @@ def run_conformance(*, component: str, spec: str, device: str = "auto", graph_ba
     with tempfile.TemporaryDirectory() as scratch:
         record_path = Path(scratch) / "record.jsonl"
         environment = dict(os.environ, HARNESS_CONFORMANCE_RECORD=str(record_path))
-        environment.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
         returncode, output = _run_limited(command, root, environment, time_limit)
         records = [json.loads(line) for line in record_path.read_text().splitlines()] if record_path.is_file() else []
     stopped = returncode is None

@@ -31,7 +31,7 @@ from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.errors import InvalidArgument
 
 from harness import components, impls, locations
-from harness.devices import DEVICE_CHOICES, resolve_device
+from harness.devices import DEVICE_CHOICES, resolve_device, use_one_compile_worker
 from harness.errors import HarnessError, UsageError
 from harness.graphs import BACKEND_NAMES, GraphBackend, get_backend
 from harness.models.transformers_zoo import EXPERTS_IMPLEMENTATIONS, EXPERTS_VARIABLE, experts_implementation
@@ -412,6 +412,7 @@ def activate(config: pytest.Config) -> HarnessSession:
             # (suites/runner: 83 s of CPU time with two threads, 15 s with one, on the 2-core CI-sized
             # machine). Set here, before any fixture builds a model.
             torch.set_num_threads(1)
+        use_one_compile_worker(os.environ)  # in this run's child processes too (xdist workers, ranks, probes)
         if config.getoption("--tp", 2) < 1:
             raise UsageError(f"--tp {config.getoption('--tp')}: the number of tensor-parallel ranks must be at least 1")
         backend = resolve_backend(config.getoption("--graph-backend"), device)

@@ -39,6 +39,7 @@ from typing import Any
 from harness import components, impls
 from harness._fork_server import ForkServer, ForkServerUnavailable
 from harness._fork_server import available as fork_server_available
+from harness.devices import use_one_compile_worker
 
 __all__ = ["Outcome", "HINTS_PATH", "default_jobs", "run_one", "run_selfcheck", "judge", "format_matrix", "write_json",
            "read_hints", "write_hints", "child_environment", "fork_server_wanted", "TEST_SECONDS", "PROCESS_SECONDS"]
@@ -141,9 +142,9 @@ def child_environment(*, threads: int | None = None) -> dict[str, str]:
     environment.setdefault("HYPOTHESIS_PROFILE", "selfcheck")  # ci's examples, no shrinking
     if threads:  # concurrent pytest processes must not each start a full intra-op thread pool
         environment.setdefault("OMP_NUM_THREADS", str(threads))
-    # Nor a pool of inductor compile workers each (one per core by default): the suites' kernels are
-    # tiny, and dozens of concurrent processes each forking a pool only fight over the cores.
-    environment.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+    # Nor a pool of inductor compile workers each (the fork server imports Inductor before any child's
+    # harness plugin could say so).
+    use_one_compile_worker(environment)
     return environment
 
 

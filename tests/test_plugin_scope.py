@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 _ENGINE_TEST = '''
 import json, os, signal
 import torch
+import torch._inductor.config
 from hypothesis import settings
 
 def test_records(request, snapshot):
@@ -40,6 +41,7 @@ def test_records(request, snapshot):
         "snapshot_fixture": snapshot_fixture.func.__module__,
         "disable_unused_snapshots": request.config.option.disable_unused_snapshots,
         "warn_unused_snapshots": request.config.option.warn_unused_snapshots,
+        "compile_threads": torch._inductor.config.compile_threads,
     }
     with open("observed.json", "w") as handle:
         json.dump(observed, handle)
@@ -54,7 +56,7 @@ _MACHINE_BLOCKED_PLUGINS = re.findall(r"-p\s*no:\S+", os.environ.get("PYTEST_ADD
 def engine(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
     """A folder with an engine's own test and nothing of the harness; no variable of this run's own leaks in."""
     for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "HYPOTHESIS_PROFILE",
-                 "HARNESS_EXPERTS_IMPLEMENTATION", "HARNESS_FAILURE_LOG"):
+                 "HARNESS_EXPERTS_IMPLEMENTATION", "HARNESS_FAILURE_LOG", "TORCHINDUCTOR_COMPILE_THREADS"):
         monkeypatch.delenv(name, raising=False)
     # Of this run's PYTEST_ADDOPTS only the plugins the machine keeps out stay (a GPU image's pytest-benchmark,
     # which .ci/gpu/run blocks: loaded, it leaves its own .benchmarks folder in the engine's folder).
@@ -105,6 +107,7 @@ def test_a_harness_option_activates_everything(engine: pytest.Pytester, monkeypa
     assert "HARNESS_EXPERTS_IMPLEMENTATION" in observed["environment"]
     assert observed["snapshot_fixture"] == "harness.pytest_support"
     assert observed["disable_unused_snapshots"] is True
+    assert observed["compile_threads"] == 1  # no pool of compile subprocesses in each of a run's processes
     assert files == ["report.json", "test_engine.py"]
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import shlex
 import sys
 from typing import Any, Optional, Sequence
@@ -29,7 +30,7 @@ from harness import impls, locations
 from harness.bench import baseline as baselines
 from harness.bench.report import check_plot_extra, environment, format_header, make_report, read_json, write_json
 from harness.bench.timing import spin_up
-from harness.devices import DEVICE_CHOICES, resolve_device
+from harness.devices import DEVICE_CHOICES, resolve_device, use_one_compile_worker
 from harness.errors import HarnessError, UsageError
 from harness.graphs import BACKEND_NAMES, get_backend
 
@@ -139,6 +140,7 @@ def _run(options: argparse.Namespace) -> int:
     if options.repeat is not None and options.repeat < 1:
         raise UsageError(f"--repeat {options.repeat}: need at least one sample")
     device = resolve_device(options.device)
+    use_one_compile_worker(os.environ)  # the benchmarks time replays and count compiles; a pool only slows start-up
     backend_name = _backend_name(options.graph_backend, device)
     backend = get_backend(backend_name, device=device if device.type == "cuda" else None)
     requested = module.settings_of(options, device=device)

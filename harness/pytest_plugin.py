@@ -2,8 +2,8 @@
 fixtures and the run report.
 
 Installed as the ``pytest11`` entry point ``harness.pytest_plugin``, so every pytest of an environment
-where the harness is installed has it; a checkout's root ``conftest.py`` also names it in
-``pytest_plugins`` (the same name: it is loaded once), for runs with plugin autoloading switched off.
+where the harness is installed has it; a checkout's ``pyproject.toml`` also names it (``-p``, the same
+name: it is loaded once), for runs with plugin autoloading switched off.
 Everywhere it declares its options and markers; everything else acts only in a run it is activated in
 (a harness option given, or the harness's suites or fixtures collected: :mod:`harness.pytest_support`),
 so an engine's own unrelated test runs are left exactly as they were.

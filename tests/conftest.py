@@ -1,4 +1,4 @@
-"""The harness's own tests: what a run of them needs beyond the root conftest.
+"""The harness's own tests: what a run of them needs beyond the harness's plugin.
 
 ``HARNESS_FAILURE_LOG=PATH`` appends each failure's report to PATH the moment it arrives (in the
 pytest-xdist controller too), so a run stopped at its time limit, which never prints its summary, still

@@ -141,9 +141,8 @@ def test_the_suites_activate_it_when_collected(pytester: pytest.Pytester, monkey
     assert re.search(r"^harness: device=.*hypothesis profile=dev", started.stdout.str(), re.MULTILINE)
     pytester.makeconftest('from harness.pytest_plugin import collect_suite\n\n'
                           'pytest_collect_file = collect_suite("graphs")\n')
-    # (--confcutdir: not the checkout's own root conftest.py, which an installed wheel does not have)
-    collected = pytester.runpytest_subprocess("--collect-only", "-p", "no:cacheprovider",
-                                              f"--confcutdir={ROOT / 'suites'}")
+    # The suite of this checkout (an editable install): collecting it must not need a --confcutdir
+    collected = pytester.runpytest_subprocess("--collect-only", "-p", "no:cacheprovider")
     output = collected.stdout.str()
     assert collected.ret == 0, output[-3000:]
     # announced after collection, with the profile the suites' modules were imported under

@@ -261,7 +261,8 @@ def _send(fd: int, message: dict[str, Any]) -> bool:
 
 
 def _child(request: dict[str, Any], request_fd: int, reply_fd: int) -> None:
-    """In the forked child: become a fresh pytest process as far as the run can tell; never returns."""
+    """In the forked child: become a fresh pytest process as far as the run can tell (but for the hash seed
+    of str and bytes, which only a new interpreter draws); never returns."""
     code = _CHILD_FAILED
     try:
         os.setsid()
@@ -279,6 +280,7 @@ def _child(request: dict[str, Any], request_fd: int, reply_fd: int) -> None:
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
+        _random_state_of_a_fresh_process()
         import atexit
 
         import pytest
@@ -296,6 +298,20 @@ def _child(request: dict[str, Any], request_fd: int, reply_fd: int) -> None:
             except BaseException:  # noqa: BLE001, S110 - exiting regardless
                 pass
         os._exit(code)
+
+
+def _random_state_of_a_fresh_process() -> None:
+    """A plain process seeds Python's, NumPy's and torch's global generators from the OS; a fork would share
+    the server's states (and whatever its imports drew from them) with every other child."""
+    import random
+
+    random.seed()
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.seed()
 
 
 def serve(request_fd: int, reply_fd: int, preload: Sequence[str]) -> None:

@@ -3,6 +3,7 @@ child does (fail, pass, exit, crash, hang, kill the server), and the server neve
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -215,6 +216,26 @@ def test_a_module_asking_whether_there_is_a_gpu_is_preloaded(root: Path, environ
     assert ready["ready"] and ready["cuda_initialized"] is False, ready
     assert ready["skipped"] == {} and ready["cuda_asked"] == [], ready
     assert exit_status == 0, (root / "environment.out").read_text()[-3000:] + (root / "environment.err").read_text()
+
+
+def test_each_child_seeds_its_generators_afresh_as_a_plain_process_does(root: Path, environment: dict[str, str]):
+    # A plain process seeds Python's, NumPy's and torch's global generators from the OS; forked children
+    # would share the server's states (two children drawing the same numbers), whatever its imports drew.
+    (root / "draws_at_import.py").write_text(
+        "import random, numpy, torch\n\nDRAWN = (random.random(), numpy.random.rand(), torch.rand(1).item())\n")
+    (root / "test_fresh_state.py").write_text(
+        "import json, os, random, numpy, torch\n\ndef test_state():\n"
+        "    with open(f'drawn-{os.getpid()}.json', 'w') as handle:\n"
+        "        json.dump([random.random(), numpy.random.rand(), torch.rand(1).item()], handle)\n")
+    with ForkServer(environment=environment, cwd=root, preload=("torch", "numpy", "draws_at_import")) as server:
+        assert server.wait_ready()["skipped"] == {}
+        for run in range(2):
+            exit_status = server.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                                      "test_fresh_state.py"], environment=environment, cwd=root, time_limit=120,
+                                     stdout=root / f"fresh{run}.out", stderr=root / f"fresh{run}.err")
+            assert exit_status == 0, (root / f"fresh{run}.out").read_text()[-3000:]
+    first, second = (json.loads(path.read_text()) for path in sorted(root.glob("drawn-*.json")))
+    assert all(a != b for a, b in zip(first, second)), (first, second)
 
 
 def test_a_request_the_server_cannot_serve_runs_as_a_plain_process(root: Path, environment: dict[str, str],

@@ -50,6 +50,9 @@ class ClauseResult:
     skipped: int = 0
     first_failure: dict[str, str] | None = None  # nodeid, message, example, reproduce
     skip_reason: str = ""
+    # Every failing test's failure, in collection order (first_failure is the first): fixing the first
+    # is seldom the end of a violation.
+    failures: list[dict[str, str]] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -204,7 +207,8 @@ def build_report(records: list[dict[str, Any]], clause_table: tuple[_clauses.Cla
                               skipped=sum(t["outcome"] == "skipped" for t in tests))
         if result.failed:
             result.verdict = VIOLATED
-            result.first_failure = next(t["failure"] for t in tests if t["outcome"] == "failed")
+            result.failures = [t["failure"] for t in tests if t["outcome"] == "failed"]
+            result.first_failure = result.failures[0]
         elif result.passed:
             result.verdict = HELD
         elif result.skipped:
@@ -294,6 +298,9 @@ def format_markdown(report: ConformanceReport) -> str:
             out += ["", "```", failure["example"][:2000], "```"]
         if failure.get("reproduce"):
             out += ["", "```bash", failure["reproduce"], "```"]
+        if len(r.failures) > 1:
+            out += ["", f"Every failing test of `{r.clause}`:", ""]
+            out += [f"- `{_test_name(other['nodeid'])}`: {_cell(_first_line(other))}" for other in r.failures]
     if report.unclassified:
         out += ["", f"{len(report.unclassified)} tests name no clause of {report.component}: "
                 + ", ".join(f"`{n}`" for n in report.unclassified[:10])]

@@ -81,6 +81,24 @@ def test_markdown_and_json_carry_the_first_falsifying_example(tmp_path):
     assert data["summary"]["core_violations"] == ["stale"] and data["summary"]["strict_violations"] == ["raises"]
 
 
+def test_every_failing_test_of_a_violated_clause_is_listed(tmp_path):
+    records = _records() + [
+        {"collected": "suites/toy/test_a.py::test_7", "clause": "stale"},
+        {"nodeid": "suites/toy/test_a.py::test_7", "when": "call", "outcome": "failed", "clause": "stale",
+         "message": "AssertionError: 3 of 8 elements differ\ndetail", "example": "", "reproduce": "pytest z"}]
+    report = conformance.build_report(records, TABLE, component="toy", spec="mutant:x", kind="mutant", engine="",
+                                      device="cpu", graph_backend="emulated", environment={}, command="")
+    stale = report.results[0]
+    assert (stale.failed, [f["nodeid"] for f in stale.failures]) == (
+        2, ["suites/toy/test_a.py::test_2", "suites/toy/test_a.py::test_7"])
+    assert stale.first_failure == stale.failures[0]
+    markdown, document = conformance.write_report(report, tmp_path)
+    assert ("Every failing test of `stale`:\n\n- `test_a.py::test_2`: leaked a capture\n"
+            "- `test_a.py::test_7`: AssertionError: 3 of 8 elements differ\n") in markdown.read_text()
+    assert "Every failing test of `raises`" not in markdown.read_text()  # one failure: nothing to add
+    assert len(json.loads(document.read_text())["results"][0]["failures"]) == 2
+
+
 def test_a_run_of_a_mutant_reports_the_clause_it_breaks(tmp_path):
     """End to end on part of the graphs suite: the child pytest, the plugin's records, the verdicts."""
     report = conformance.run_conformance(

@@ -151,6 +151,9 @@ def run_conformance(*, component: str, spec: str, device: str = "auto", graph_ba
         environment = dict(os.environ, HARNESS_CONFORMANCE_RECORD=str(record_path))
         returncode, output = _run_limited(command, root, environment, time_limit)
         records = [json.loads(line) for line in record_path.read_text().splitlines()] if record_path.is_file() else []
+    for record in records:
+        if record.get("reproduce"):
+            record["reproduce"] = _portable(record["reproduce"], root)
     stopped = returncode is None
     if (not stopped and returncode not in (0, 1)) or not any("nodeid" in r for r in records):
         tail = [line for line in output.strip().splitlines() if line.strip()][-3:]
@@ -163,6 +166,13 @@ def run_conformance(*, component: str, spec: str, device: str = "auto", graph_ba
     if stopped:
         report.stopped = f"stopped at the time limit of {time_limit:.0f} s: tests that had not finished count as not run"
     return report
+
+
+def _portable(command: str, root: Path) -> str:
+    """A reproduce line as a reader of a committed report runs it from their checkout: the checkout's paths
+    relative to it (``.``), the interpreter ``python``; paths outside the checkout are left as they were."""
+    command = re.sub(rf"(?<![\w/.-]){re.escape(sys.executable)}(?=\s)", "python", command)
+    return re.sub(rf"(?<![\w/.-]){re.escape(str(root))}(?=[/:\s'\"]|$)", ".", command)
 
 
 def _run_limited(command: list[str], root: Path, environment: dict[str, str],

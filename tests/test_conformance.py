@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -111,6 +114,14 @@ def test_a_run_of_a_mutant_reports_the_clause_it_breaks(tmp_path):
     assert "test_break_output_change_at_replay_raises_then_recovers" in failure["nodeid"]
     assert failure["message"] and "--impl graphs=mutant:structure-change-accepted" in failure["reproduce"]
     assert report.headline(CORE) == "core: VIOLATED (results can be wrong): changes-raise"
+    # A line for a committed report: nothing of this machine's checkout or interpreter in it, and run from a
+    # checkout it reproduces the failure.
+    assert str(ROOT) not in failure["reproduce"] and sys.executable not in failure["reproduce"]
+    assert "python -m pytest './suites/graphs/" in failure["reproduce"] and "--rootdir . " in failure["reproduce"]
+    rerun = subprocess.run(failure["reproduce"], shell=True, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                           env={**os.environ, "PATH": os.pathsep.join([str(Path(sys.executable).parent),
+                                                                       os.environ.get("PATH", "")])})
+    assert rerun.returncode == 1 and "1 failed" in rerun.stdout, rerun.stdout[-3000:] + rerun.stderr[-2000:]
 
 
 def test_a_bad_spec_is_one_line_before_any_suite_runs(capsys):

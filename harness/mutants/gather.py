@@ -140,3 +140,13 @@ def reuses_output_buffers(indices, *buffers) -> GatherOutputs:
         return out.copy_(gathered)
 
     return tuple(take(position, buf) for position, buf in enumerate(buffers))  # type: ignore[return-value]
+
+
+# dynamic=False: one graph per index count (dynamo's automatic dynamic shapes switched off with it).
+_static_shapes_gather = torch.compile(eager_gather, dynamic=False)
+
+
+@MUTANTS.add("static-shapes", bug="compiled with dynamic=False: each new index count is a recompile, so an engine's "
+             "decode stream reaches dynamo's recompile limit within a few steps and from then on runs eagerly, silently")
+def static_shapes(indices, *buffers) -> GatherOutputs:
+    return _static_shapes_gather(indices, *buffers)

@@ -165,6 +165,13 @@ def _plugin_modules() -> list[str]:
     return modules + [entry.value.split(":")[0] for entry in entry_points(group="pytest11") if entry.name not in blocked]
 
 
+def _skip_reason(error: BaseException, guard: _CudaGuard) -> str:
+    """Why a module was not preloaded, for the ready message."""
+    if isinstance(error, _CudaAsked):
+        return f"asks for CUDA at import ({guard.asked[-1] if guard.asked else error})"
+    return f"{type(error).__name__}: {str(error)[:200]}"
+
+
 def _preload(names: Sequence[str], guard: _CudaGuard) -> dict[str, str]:
     """Import ``names`` (``package.*``: the package and every module in it; ``pytest`` brings its plugins),
     the guard installed right after torch; return the skipped ones with the reason."""
@@ -176,19 +183,15 @@ def _preload(names: Sequence[str], guard: _CudaGuard) -> dict[str, str]:
             name = name[:-2]
             try:
                 pending[0:0] = _submodules(name)
-            except _CudaAsked as asked:
-                skipped[name] = f"asks for CUDA at import ({guard.asked[-1] if guard.asked else asked})"
-            except (Exception, SystemExit) as error:
-                skipped[name] = f"{type(error).__name__}: {str(error)[:200]}"
+            except (_CudaAsked, Exception, SystemExit) as error:
+                skipped[name] = _skip_reason(error, guard)
             continue
         if name in sys.modules:
             continue
         try:
             importlib.import_module(name)
-        except _CudaAsked as asked:
-            skipped[name] = f"asks for CUDA at import ({guard.asked[-1] if guard.asked else asked})"
-        except (Exception, SystemExit) as error:  # the child imports it itself, and fails as it would anyway
-            skipped[name] = f"{type(error).__name__}: {str(error)[:200]}"
+        except (_CudaAsked, Exception, SystemExit) as error:  # the child imports it itself, as it would anyway
+            skipped[name] = _skip_reason(error, guard)
         if not guard.installed and "torch" in sys.modules:
             guard.install()
         if name == "pytest" and "pytest" in sys.modules:

@@ -115,6 +115,14 @@ def _run(name: str, root: Path, environment: dict[str, str], server: ForkServer 
                              environment=environment, fork_server=server)
 
 
+def _assert_passes_in_a_child(server: ForkServer, test_file: str, root: Path, environment: dict[str, str]) -> None:
+    """Run the test file ``test_file`` of ``root`` in a pytest forked from ``server``; it must pass."""
+    out, err = root / f"{test_file}.out", root / f"{test_file}.err"
+    exit_status = server.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test_file],
+                             environment=environment, cwd=root, time_limit=120, stdout=out, stderr=err)
+    assert exit_status == 0, out.read_text()[-3000:] + err.read_text()[-3000:]
+
+
 def test_the_server_imports_everything_and_never_initialises_cuda(server: ForkServer, environment: dict[str, str]):
     ready = server.wait_ready()
     assert ready["ready"], ready
@@ -136,10 +144,7 @@ def test_a_forked_child_runs_kernels_on_the_gpu(root: Path, environment: dict[st
     assert server.wait_ready()["gpus"] >= 1
     (root / "test_kernel_in_child.py").write_text(
         "import torch\n\ndef test_kernel():\n    assert torch.arange(4, device='cuda').sum().item() == 6\n")
-    exit_status = server.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_kernel_in_child.py"],
-                             environment=environment, cwd=root, time_limit=120,
-                             stdout=root / "kernel.out", stderr=root / "kernel.err")
-    assert exit_status == 0, (root / "kernel.out").read_text()[-3000:] + (root / "kernel.err").read_text()[-3000:]
+    _assert_passes_in_a_child(server, "test_kernel_in_child.py", root, environment)
 
 
 @pytest.mark.parametrize(("name", "verdict"), [("wrong", "killed"), ("right", "survived"), ("exits", "error"),
@@ -210,12 +215,9 @@ def test_a_module_asking_whether_there_is_a_gpu_is_preloaded(root: Path, environ
         f"    assert os.environ.get('PYTORCH_NVML_BASED_CUDA_CHECK') == {environment.get('PYTORCH_NVML_BASED_CUDA_CHECK')!r}\n")
     with ForkServer(environment=environment, cwd=root, preload=("torch", "asks_whether")) as server:
         ready = server.wait_ready()
-        exit_status = server.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                                  "test_child_environment.py"], environment=environment, cwd=root, time_limit=120,
-                                 stdout=root / "environment.out", stderr=root / "environment.err")
-    assert ready["ready"] and ready["cuda_initialized"] is False, ready
-    assert ready["skipped"] == {} and ready["cuda_asked"] == [], ready
-    assert exit_status == 0, (root / "environment.out").read_text()[-3000:] + (root / "environment.err").read_text()
+        assert ready["ready"] and ready["cuda_initialized"] is False, ready
+        assert ready["skipped"] == {} and ready["cuda_asked"] == [], ready
+        _assert_passes_in_a_child(server, "test_child_environment.py", root, environment)
 
 
 def test_each_child_seeds_its_generators_afresh_as_a_plain_process_does(root: Path, environment: dict[str, str]):
@@ -229,11 +231,8 @@ def test_each_child_seeds_its_generators_afresh_as_a_plain_process_does(root: Pa
         "        json.dump([random.random(), numpy.random.rand(), torch.rand(1).item()], handle)\n")
     with ForkServer(environment=environment, cwd=root, preload=("torch", "numpy", "draws_at_import")) as server:
         assert server.wait_ready()["skipped"] == {}
-        for run in range(2):
-            exit_status = server.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                                      "test_fresh_state.py"], environment=environment, cwd=root, time_limit=120,
-                                     stdout=root / f"fresh{run}.out", stderr=root / f"fresh{run}.err")
-            assert exit_status == 0, (root / f"fresh{run}.out").read_text()[-3000:]
+        for _ in range(2):
+            _assert_passes_in_a_child(server, "test_fresh_state.py", root, environment)
     first, second = (json.loads(path.read_text()) for path in sorted(root.glob("drawn-*.json")))
     assert all(a != b for a, b in zip(first, second)), (first, second)
 

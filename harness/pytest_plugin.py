@@ -22,7 +22,7 @@ from typing import Any, Callable
 import pytest
 import torch
 
-from harness import components, locations, pytest_support
+from harness import _xdist_order, components, locations, pytest_support
 from harness.compare import bitwise_expected
 from harness.graphs import GraphBackend
 from harness.models.transformers_zoo import experts_implementation
@@ -41,6 +41,7 @@ MARKERS = {
     "subprocess": "runs the case in a child process because it may crash the interpreter",
     "clause": "clause(ID): the contract clause of the component (harness/clauses.py) a test checks; "
               "python -m harness conformance reports per clause",
+    **_xdist_order.MARKERS,
 }
 
 
@@ -68,6 +69,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         pytest_support.activate(config)
     if pytest_support.current_session(config) is not None:
         pytest_support.apply_reproduce_failure(config, items)
+        # last: the order of what is left to run (a suite's long tests first, its rank-pool tests on one worker)
+        _xdist_order.order_for_workers(config, items)
 
 
 @pytest.hookimpl(wrapper=True)

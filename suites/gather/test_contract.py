@@ -90,6 +90,7 @@ def test_index_values_change_between_calls(gather_function, device, failure_cont
 
 # Two shards (with and without a hidden-states buffer), each with half the profile's examples: the
 # same budget as one test, but pytest-xdist can run the shards (each compiling its own graphs) at once.
+@pytest.mark.long_running
 @pytest.mark.parametrize("with_hidden", [True, False], ids=["hidden", "no-hidden"])
 @settings(max_examples=max(1, settings().max_examples // 2))
 @given(data=st.data())

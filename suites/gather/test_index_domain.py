@@ -30,6 +30,7 @@ _CASES = {
 }
 
 
+@pytest.mark.long_running
 @pytest.mark.subprocess
 def test_index_domain_in_child_processes(implementation_under_test, device, failure_context):
     candidate_name = implementation_under_test("gather").name

@@ -68,6 +68,7 @@ class GraphLifecycle(RuleBasedStateMachine):
             self.keep_alive.pop(0)
 
 
+@pytest.mark.long_running
 def test_graph_lifecycle(graph_capturer, device, exact, failure_context):
     GraphLifecycle.capturer = graph_capturer
     GraphLifecycle.device = device

@@ -71,6 +71,7 @@ def test_strict_discovery_accepts_a_found_stack(build_runner, device):
     assert build_runner(model, strict_discovery=True).discovery.path == "language_model.model"
 
 
+@pytest.mark.long_running
 def test_discovery_goldens(build_runner, device, snapshot):
     results = {}
     for name in LAYOUTS:

@@ -21,6 +21,10 @@ from harness.rank_pool import RankFailure
 from harness.runner import tensor_parallel as tp_cases
 from harness.runner.tensor_parallel import Composition
 
+# Every process that runs one of these tests starts the session's pool of rank processes (seconds: each
+# rank imports torch; 12 s a pool on the H200 runner): one xdist worker runs them all, one pool.
+pytestmark = pytest.mark.same_worker("rank-pool")
+
 # MoE first: the pool forks its ranks after the MoE combine is compiled here (see TensorParallelSession.setup).
 SETUPS = [("moe", "graph"), ("moe", "break"), ("dense", "graph"), ("dense", "break")]
 

@@ -1,0 +1,90 @@
+"""The order of a collection for pytest-xdist: long tests first, and tests that share a costly process-wide
+resource together on one worker.
+
+pytest-xdist's ``load`` and ``worksteal`` schedulers hand each worker a contiguous share of the collection
+first (``worksteal`` later moves tests from the tail of a busy worker's queue to an idle one). So a test at
+the head of a share starts at once on its own worker, and tests placed together there run on that worker,
+in order. Two markers say what goes there:
+
+- ``long_running``: one test takes tens of seconds (a whole suite, a benchmark, a chain of child
+  processes). Each starts first, at the head of its own share, so a run ends with short tests on every
+  worker instead of waiting for one long test started last.
+- ``same_worker(NAME)``: the tests of group NAME share a resource that every process builds once and
+  that costs seconds (a pool of rank processes, each importing torch). They stay together at the head of
+  one share, so one worker builds it, instead of every worker that a scheduler happens to give one.
+
+Every worker collects, and must order, the same items: the order depends only on the collection and the
+worker count. Without xdist (one worker) the marked tests simply run first. A collection with neither
+marker is left exactly as it was.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+__all__ = ["MARKERS", "order_for_workers"]
+
+MARKERS = {
+    "long_running": "a long test (a whole suite, a benchmark, a chain of child processes): started first, "
+                    "at the head of its own pytest-xdist worker's share",
+    "same_worker": "same_worker(NAME): tests sharing a costly per-process resource (a pool of rank processes) "
+                   "run together at the head of one pytest-xdist worker's share",
+}
+
+
+def _units(items: list[pytest.Item]) -> list[list[pytest.Item]]:
+    """The marked tests as units that each go to one worker's head, in collection order."""
+    units: list[list[pytest.Item]] = []
+    groups: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        group = item.get_closest_marker("same_worker")
+        if group is not None:
+            if len(group.args) != 1 or not isinstance(group.args[0], str):
+                raise pytest.UsageError(f"{item.nodeid}: same_worker takes one group name, e.g. "
+                                        f"@pytest.mark.same_worker('rank-pool'); got {group.args!r}")
+            name = group.args[0]
+            if name not in groups:
+                groups[name] = []
+                units.append(groups[name])
+            groups[name].append(item)
+        elif item.get_closest_marker("long_running") is not None:
+            units.append([item])
+    return units
+
+
+_ORDERED = pytest.StashKey[bool]()
+
+
+def order_for_workers(config: pytest.Config, items: list[pytest.Item], *, workers: int | None = None) -> None:
+    """Reorder ``items`` in place: unit ``k`` (a ``long_running`` test, or a ``same_worker`` group in
+    collection order) at the head of worker ``k mod workers``'s share, the other tests in their order
+    around them. ``workers`` defaults to the run's pytest-xdist worker count (1 without xdist). Once per
+    run: a second call (the plugin's and a project's hook) leaves the order as the first made it."""
+    if config.stash.get(_ORDERED, False):
+        return
+    config.stash[_ORDERED] = True
+    units = _units(items)
+    if not units:
+        return
+    if workers is None:
+        workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+    workers = max(1, workers)
+    share = max(1, len(items) // workers)
+    ordered: list[pytest.Item | None] = [None] * len(items)
+    next_free = [min(worker * share, len(items) - 1) for worker in range(workers)]
+    for number, unit in enumerate(units):
+        worker = number % workers
+        for item in unit:
+            position = next_free[worker]
+            # a head longer than its share runs on into the next share's free places
+            while position < len(items) and ordered[position] is not None:
+                position += 1
+            if position == len(items):
+                position = ordered.index(None)
+            ordered[position] = item
+            next_free[worker] = position + 1
+    placed = {id(item) for unit in units for item in unit}
+    rest = iter([item for item in items if id(item) not in placed])
+    items[:] = [item if item is not None else next(rest) for item in ordered]

@@ -15,7 +15,9 @@ in order. Two markers say what goes there:
 
 Every worker collects, and must order, the same items: the order depends only on the collection and the
 worker count. Without xdist (one worker) the marked tests simply run first. A collection with neither
-marker is left exactly as it was.
+marker is left exactly as it was, and so is a run that stops at its first failure (``-x``,
+``--maxfail``, as the kill matrix runs a mutant): there the time to that failure counts, and long tests
+first delayed it (the kill matrix here took 274 s instead of 94 s, one gather mutant 74 s instead of 4 s).
 """
 
 from __future__ import annotations
@@ -61,8 +63,9 @@ def order_for_workers(config: pytest.Config, items: list[pytest.Item], *, worker
     """Reorder ``items`` in place: unit ``k`` (a ``long_running`` test, or a ``same_worker`` group in
     collection order) at the head of worker ``k mod workers``'s share, the other tests in their order
     around them. ``workers`` defaults to the run's pytest-xdist worker count (1 without xdist). Once per
-    run: a second call (the plugin's and a project's hook) leaves the order as the first made it."""
-    if config.stash.get(_ORDERED, False):
+    run: a second call (the plugin's and a project's hook) leaves the order as the first made it. A run
+    that stops at its first failure keeps the collection's order."""
+    if config.stash.get(_ORDERED, False) or config.getoption("maxfail", 0):
         return
     config.stash[_ORDERED] = True
     units = _units(items)

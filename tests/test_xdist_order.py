@@ -103,6 +103,14 @@ def test_a_collection_without_the_markers_is_untouched(pytester: pytest.Pytester
     assert _names(items) == ["test_a", "test_b", "test_c"]
 
 
+def test_a_run_that_stops_at_its_first_failure_keeps_the_collection_order(pytester: pytest.Pytester):
+    pytester.makepyfile(test_order=SOURCE)
+    for stop_early in (["-x"], ["--maxfail", "2"]):
+        items, _ = pytester.inline_genitems("-p", "no:syrupy", "-p", "no:cacheprovider", *stop_early)
+        order_for_workers(items[0].config, items, workers=3)
+        assert _names(items)[6:8] == ["test_long_a", "test_pool[0]"], (stop_early, _names(items))
+
+
 def test_a_group_needs_one_name(pytester: pytest.Pytester):
     items = _collect(pytester, "import pytest\n@pytest.mark.same_worker\ndef test_a(): pass\n")
     with pytest.raises(pytest.UsageError, match=r"same_worker takes one group name"):

@@ -5,7 +5,9 @@ a mutant may corrupt global state or crash the interpreter, and must not take th
 mutant's process is forked from a warm server that has imported the libraries every run needs
 (:mod:`harness._fork_server`; off with ``--no-fork-server`` or ``HARNESS_FORK_SERVER=0``), so it starts
 in a fraction of a second; where the server cannot serve, the run starts as a plain process and the
-matrix says so. References, which run whole suites over xdist workers, always start as plain processes.
+matrix says so. The references run whole suites: together, as one pytest session spread over xdist
+workers where the cores allow (xdist balances every suite's tests over all of them), always started as
+a plain process.
 
 A mutant's run starts with the test that killed it last (the committed hint file
 :data:`HINTS_PATH`, rewritten after every selfcheck), then the rest of its suite, so a mutant dies
@@ -41,7 +43,7 @@ from harness._fork_server import ForkServer, ForkServerUnavailable
 from harness._fork_server import available as fork_server_available
 from harness.devices import use_one_compile_worker
 
-__all__ = ["Outcome", "HINTS_PATH", "default_jobs", "run_one", "run_selfcheck", "judge", "format_matrix", "write_json",
+__all__ = ["Outcome", "HINTS_PATH", "default_jobs", "run_one", "run_references", "run_selfcheck", "judge", "format_matrix", "write_json",
            "read_hints", "write_hints", "child_environment", "fork_server_wanted", "TEST_SECONDS", "PROCESS_SECONDS"]
 
 _FAILED_LINE = re.compile(r"^(?:FAILED|ERROR) (\S+)", re.MULTILINE)
@@ -57,8 +59,9 @@ TEST_SECONDS = 300.0
 PROCESS_SECONDS = 1500.0
 
 
-# A reference runs its whole suite, so it is the longest run of the matrix: where there are cores to
-# spare (one xdist worker per 4 cores, at most 4) it is spread over pytest-xdist workers.
+# A reference runs its whole suite, so the references' session is the longest run of the matrix: where
+# there are cores to spare it is spread over pytest-xdist workers, this many per reference (one per 4
+# cores, at most 4: with the mutants' slots, 20 processes on a 16-core GPU runner).
 def reference_workers() -> int:
     return max(1, min(4, (os.cpu_count() or 1) // 4))
 
@@ -157,49 +160,93 @@ def run_one(impl: impls.Implementation, *, graph_backend: str, device: str, root
 
     ``environment`` is what the children of one matrix share (default: :func:`child_environment`). A
     mutant's child is forked from ``fork_server`` where one is given (and serves this run), else started
-    as a plain process, as a reference's always is."""
-    suite = components.get_component(impl.component).suite
-    is_mutant = impl.kind != "reference"
+    as a plain process; a reference runs as :func:`run_references` runs it."""
+    options: dict[str, Any] = dict(graph_backend=graph_backend, device=device, root=root, extra_args=extra_args,
+                                   test_timeout=test_timeout, process_timeout=process_timeout,
+                                   environment=environment if environment is not None
+                                   else child_environment(threads=threads))
+    if impl.kind == "reference":
+        return run_references([impl], workers=reference_workers(), **options)[0]
+    (outcome,) = _run_together([impl], first=first, fork_server=fork_server, workers=1, **options)
+    return outcome
+
+
+def run_references(references: list[impls.Implementation], *, workers: int, graph_backend: str, device: str,
+                   root: Path, environment: dict[str, str], extra_args: list[str] | None = None,
+                   test_timeout: float | None = TEST_SECONDS,
+                   process_timeout: float | None = PROCESS_SECONDS) -> list[Outcome]:
+    """Run the references of several components as one pytest session over ``workers`` xdist workers
+    (1: none), one outcome each. One session lets xdist balance the suites' tests over all its workers,
+    where one session per suite leaves the longest suite on its own share of them at the end.
+
+    A reference passes when no failing test lies in its suite (a failure elsewhere in the session is
+    another component's); each outcome's seconds are the whole session's."""
+    return _run_together(references, first="", fork_server=None, workers=workers, graph_backend=graph_backend,
+                         device=device, root=root, environment=environment, extra_args=extra_args,
+                         test_timeout=test_timeout, process_timeout=process_timeout)
+
+
+def _run_together(impl_list: list[impls.Implementation], *, first: str, fork_server: ForkServer | None,
+                  workers: int, graph_backend: str, device: str, root: Path, environment: dict[str, str],
+                  extra_args: list[str] | None, test_timeout: float | None,
+                  process_timeout: float | None) -> list[Outcome]:
+    """One pytest process for ``impl_list`` (one mutant, or references), its outcomes in that order."""
+    suites = {impl.component: components.get_component(impl.component).suite for impl in impl_list}
+    is_mutant = any(impl.kind != "reference" for impl in impl_list)
+    assert not is_mutant or len(impl_list) == 1, "a mutant runs alone: its first failure is its verdict"
     command = [
         # --rootdir: node ids relative to the root (the hints' form) in an installed wheel too, which has no ini file
-        sys.executable, "-m", "pytest", str(root / suite), "--rootdir", str(root), *(["-x"] if is_mutant else []),
-        "-q", "-p", "no:cacheprovider",
-        "-p", "harness._selfcheck_plugin", "-rfE", "--impl", f"{impl.component}={impl.name}",
+        sys.executable, "-m", "pytest", *(str(root / suite) for suite in suites.values()), "--rootdir", str(root),
+        *(["-x"] if is_mutant else []), "-q", "-p", "no:cacheprovider", "-p", "harness._selfcheck_plugin", "-rfE",
+        *(argument for impl in impl_list for argument in ("--impl", f"{impl.component}={impl.name}")),
         "--graph-backend", graph_backend, "--device", device,
         *(["--timeout", f"{test_timeout:g}"] if test_timeout else []), *(extra_args or []),
+        *(["-n", str(workers)] if workers > 1 else []),
     ]
-    environment = dict(environment) if environment is not None else child_environment(threads=threads)
-    if not is_mutant and reference_workers() > 1:
-        command += ["-n", str(reference_workers())]
+    environment = dict(environment)
     environment["HARNESS_RUN_FIRST"] = first if is_mutant else ""
     environment["HARNESS_EXIT_ON_FIRST_FAILURE"] = "1" if is_mutant else ""
     with tempfile.TemporaryDirectory() as scratch:
         report_path = Path(scratch) / "first_failure.json"
         environment["HARNESS_FIRST_FAILURE"] = str(report_path)
         returncode, output, seconds, launch = _launch(command, environment, cwd=root, time_limit=process_timeout,
-                                                      scratch=Path(scratch),
-                                                      fork_server=fork_server if is_mutant else None)
+                                                      scratch=Path(scratch), fork_server=fork_server)
         first_failure = json.loads(report_path.read_text()) if report_path.is_file() else None
     listed = _FAILED_LINE.findall(output)
-    failures = [first_failure["nodeid"]] if first_failure else listed
-    if returncode is None and not failures:
-        verdict = "timed out"
-        failures = [f"no verdict within the process limit of {process_timeout:g} s (--process-timeout); "
-                    "the process and its workers were stopped"]
-    elif returncode == 0:
-        verdict = "passed" if impl.kind == "reference" else "survived"
-    elif returncode in (1, None):  # None: a test had failed before the process ran out of time
-        verdict = "killed" if impl.kind != "reference" else "failed"
-    else:  # usage error, internal error, interrupted, no tests collected: the check itself is broken
-        verdict = "error"
-        tail = [line for line in output.strip().splitlines() if line.strip()][-1:] or ["(no output)"]
-        failures = failures or [f"pytest exit {returncode}: {tail[0][:160]}"]
-    display = " ".join(["pytest", suite, "--impl", f"{impl.component}={impl.name}",
-                        "--graph-backend", graph_backend, "--device", device, "-x"])
-    return Outcome(impl.component, impl.name, impl.kind, verdict, failures[0] if failures else "", seconds,
-                   display, impl.bug, first_failure["seconds"] if first_failure else None,
-                   _effective_backend(graph_backend, device), tuple(dict.fromkeys(failures + listed)),
-                   launch=launch)
+    every_failure = list(dict.fromkeys(([first_failure["nodeid"]] if first_failure else []) + listed))
+    backend = _effective_backend(graph_backend, device)
+    # A failure that lies in none of the session's suites (a crash before any test, a broken plugin)
+    # may be any component's: it counts against each of them.
+    stray = [nodeid for nodeid in every_failure if not any(_in_suite(nodeid, suite) for suite in suites.values())]
+    failed_silently = returncode == 1 and not every_failure  # exit 1 without naming a test
+    outcomes = []
+    for impl in impl_list:
+        suite = suites[impl.component]
+        failures = [nodeid for nodeid in every_failure if _in_suite(nodeid, suite)] + stray
+        if returncode is None and not failures:
+            verdict = "timed out"
+            failures = [f"no verdict within the process limit of {process_timeout:g} s (--process-timeout); "
+                        "the process and its workers were stopped"]
+        elif returncode == 0 or (returncode == 1 and not failures and not failed_silently):
+            verdict = "passed" if impl.kind == "reference" else "survived"
+        elif returncode in (1, None):  # None: a test had failed before the process ran out of time
+            verdict = "killed" if impl.kind != "reference" else "failed"
+        else:  # usage error, internal error, interrupted, no tests collected: the check itself is broken
+            verdict = "error"
+            tail = [line for line in output.strip().splitlines() if line.strip()][-1:] or ["(no output)"]
+            failures = failures or [f"pytest exit {returncode}: {tail[0][:160]}"]
+        display = " ".join(["pytest", suite, "--impl", f"{impl.component}={impl.name}",
+                            "--graph-backend", graph_backend, "--device", device, "-x"])
+        outcomes.append(Outcome(impl.component, impl.name, impl.kind, verdict, failures[0] if failures else "",
+                                seconds, display, impl.bug,
+                                first_failure["seconds"] if first_failure and first_failure["nodeid"] in failures
+                                else None, backend,
+                                tuple(failures), launch=launch))
+    return outcomes
+
+
+def _in_suite(nodeid: str, suite: str) -> bool:
+    return nodeid == suite or nodeid.startswith(suite + "/")
 
 
 def _launch(command: list[str], environment: dict[str, str], *, cwd: Path, time_limit: float | None,
@@ -296,11 +343,15 @@ def run_selfcheck(*, components: list[str], graph_backend: str, device: str, job
             with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
                 futures = [submit(pool, impl) for impl in references + mutants]
                 return judge([future.result() for future in futures]) + skipped
-        with concurrent.futures.ThreadPoolExecutor(max_workers=len(references)) as reference_pool, \
+        # The references as one session over all their workers, beside the mutants' slots.
+        with concurrent.futures.ThreadPoolExecutor(max_workers=1) as reference_pool, \
                 concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as mutant_pool:
-            futures = [submit(reference_pool, impl) for impl in references]
-            futures += [submit(mutant_pool, impl) for impl in mutants]
-            return judge([future.result() for future in futures]) + skipped
+            reference_run = reference_pool.submit(
+                run_references, references, workers=len(references) * reference_workers(),
+                graph_backend=graph_backend, device=device, root=root, environment=environment,
+                test_timeout=test_timeout, process_timeout=process_timeout)
+            futures = [submit(mutant_pool, impl) for impl in mutants]
+            return judge(reference_run.result() + [future.result() for future in futures]) + skipped
     finally:
         if server is not None:
             server.close()

@@ -266,6 +266,8 @@ def test_selfcheck_passes_no_server_when_switched_off(monkeypatch: pytest.Monkey
         return selfcheck.Outcome(impl.component, impl.name, impl.kind, verdict, "", 1.0, "", "", 0.5, "emulated")
 
     monkeypatch.setattr(selfcheck, "run_one", fake_run_one)
+    # References in the mutants' slots, as on a small machine: every run goes through run_one.
+    monkeypatch.setattr(selfcheck, "reference_workers", lambda: 1)
     started = time.monotonic()
     selfcheck.run_selfcheck(components=["graphs"], graph_backend="emulated", device="cpu", jobs=1, root=tmp_path,
                             fork_server=False)

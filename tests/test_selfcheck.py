@@ -9,7 +9,9 @@ import sys
 import time
 from pathlib import Path
 
-from harness import selfcheck
+import pytest
+
+from harness import impls, selfcheck
 
 
 def test_hinted_test_runs_first_and_its_failure_is_timed(tmp_path: Path):
@@ -99,6 +101,8 @@ def test_a_mutant_judged_on_cuda_only_is_skipped_elsewhere_and_says_so(tmp_path:
                                  impl.bug, 0.5, "emulated")
 
     monkeypatch.setattr(selfcheck, "run_one", fake_run_one)
+    # References in the mutants' slots, as on a small machine: every run goes through run_one.
+    monkeypatch.setattr(selfcheck, "reference_workers", lambda: 1)
     outcomes = selfcheck.run_selfcheck(components=["graphs"], graph_backend="emulated", device="cpu", jobs=1,
                                        root=tmp_path)
     cuda_only = {impl.name for impl in impls.mutants("graphs") if impl.backends == {"cuda"}}
@@ -121,3 +125,68 @@ def test_mutant_backends_must_be_known_graph_backends():
         mutants.add("x", bug="a bug", backends={"gpu"})
     with pytest.raises(ValueError, match="a set of names"):
         mutants.add("y", bug="a bug", backends="cuda")
+
+
+# Two one-file "suites" under a scratch root: run_references runs <root>/suites/<component> for each.
+def _suites_root(tmp_path: Path, *, gather_test: str, graphs_test: str) -> Path:
+    for component, body in (("gather", gather_test), ("graphs", graphs_test)):
+        (tmp_path / "suites" / component).mkdir(parents=True)
+        (tmp_path / "suites" / component / f"test_{component}_tiny.py").write_text(body)
+    return tmp_path
+
+
+def _references(*names: str) -> list:
+    return [impls.implementations(name)["reference"] for name in names]
+
+
+PASSES = "def test_passes():\n    assert 1 + 1 == 2\n"
+FAILS = "def test_fails():\n    assert 1 + 1 == 3\n"
+
+
+@pytest.mark.parametrize("workers", [1, 2], ids=["one-process", "two-xdist-workers"])
+def test_references_in_one_session_are_judged_by_their_own_suites(tmp_path: Path, workers: int):
+    root = _suites_root(tmp_path, gather_test=FAILS, graphs_test=PASSES)
+    gather, graphs = selfcheck.run_references(
+        _references("gather", "graphs"), workers=workers, graph_backend="emulated", device="cpu", root=root,
+        environment=selfcheck.child_environment(threads=1), test_timeout=None, process_timeout=300)
+    assert (gather.component, gather.verdict) == ("gather", "failed"), gather
+    assert gather.failures == ("suites/gather/test_gather_tiny.py::test_fails",), gather
+    assert (graphs.component, graphs.verdict, graphs.failures) == ("graphs", "passed", ()), graphs
+    # One session: one time for both; each names the command that reproduces its own suite.
+    assert gather.seconds == graphs.seconds > 0
+    assert "suites/gather" in gather.command and "suites/graphs" in graphs.command
+
+
+def test_a_failure_in_no_references_suite_fails_every_reference(tmp_path: Path):
+    root = _suites_root(tmp_path, gather_test=PASSES, graphs_test=PASSES)
+    (root / "elsewhere").mkdir()
+    (root / "elsewhere" / "test_stray.py").write_text(FAILS)
+    outcomes = selfcheck.run_references(
+        _references("gather", "graphs"), workers=1, graph_backend="emulated", device="cpu", root=root,
+        environment=selfcheck.child_environment(threads=1), extra_args=[str(root / "elsewhere")],
+        test_timeout=None, process_timeout=300)
+    assert [(o.verdict, o.first_failure) for o in outcomes] == [
+        ("failed", "elsewhere/test_stray.py::test_fails")] * 2, outcomes
+
+
+def test_references_share_one_session_beside_the_mutants(tmp_path: Path, monkeypatch):
+    sessions: list[list[str]] = []
+
+    def fake_run_references(references, *, workers, **_: object) -> list[selfcheck.Outcome]:
+        sessions.append([reference.component for reference in references] + [f"workers={workers}"])
+        return [_run(reference.component, "reference", "reference", "passed", "") for reference in references]
+
+    def fake_run_one(impl, **_: object) -> selfcheck.Outcome:
+        assert impl.kind == "mutant", f"{impl.name} ran alone: references share one session beside the mutants"
+        return _run(impl.component, impl.name, "mutant", "killed", f"suites/{impl.component}/t.py::x")
+
+    monkeypatch.setattr(selfcheck, "reference_workers", lambda: 3)
+    monkeypatch.setattr(selfcheck, "run_references", fake_run_references)
+    monkeypatch.setattr(selfcheck, "run_one", fake_run_one)
+    outcomes = selfcheck.run_selfcheck(components=["graphs", "gather"], graph_backend="emulated", device="cpu",
+                                       jobs=1, root=tmp_path, fork_server=False,
+                                       test_timeout=None, process_timeout=1)
+    assert sessions == [["graphs", "gather", "workers=6"]]
+    assert [o.component for o in outcomes if o.kind == "reference"] == ["graphs", "gather"]
+    # Every mutant judged here went through run_one (the cuda-only ones are skipped on this backend).
+    assert {o.verdict for o in outcomes if o.kind == "mutant"} == {"killed", "skipped"}

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 
+@pytest.hookimpl(trylast=True)  # after the harness plugin's order: the hinted test runs first whatever it is
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     first = [line for line in os.environ.get("HARNESS_RUN_FIRST", "").splitlines() if line]
     if not first:

@@ -103,12 +103,13 @@ def test_a_collection_without_the_markers_is_untouched(pytester: pytest.Pytester
     assert _names(items) == ["test_a", "test_b", "test_c"]
 
 
-def test_a_run_that_stops_at_its_first_failure_keeps_the_collection_order(pytester: pytest.Pytester):
+def test_a_run_that_stops_at_its_first_failure_runs_the_marked_tests_last(pytester: pytest.Pytester):
     pytester.makepyfile(test_order=SOURCE)
     for stop_early in (["-x"], ["--maxfail", "2"]):
         items, _ = pytester.inline_genitems("-p", "no:syrupy", "-p", "no:cacheprovider", *stop_early)
         order_for_workers(items[0].config, items, workers=3)
-        assert _names(items)[6:8] == ["test_long_a", "test_pool[0]"], (stop_early, _names(items))
+        assert _names(items) == [f"test_plain[{n}]" for n in range(6)] + ["test_last", "test_long_a"] + [
+            f"test_pool[{n}]" for n in range(3)] + ["test_long_b"], (stop_early, _names(items))
 
 
 def test_a_group_needs_one_name(pytester: pytest.Pytester):

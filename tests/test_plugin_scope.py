@@ -102,7 +102,7 @@ def test_a_harness_option_activates_everything(engine: pytest.Pytester, monkeypa
                                    "--harness-report", "report.json")
     assert re.search(r"^harness: device=cpu, graph backend=emulated, .*hypothesis profile=dev", output, re.MULTILINE)
     assert "harness run report" in output
-    assert observed["threads"] == 1 and observed["profile"] == "dev" and observed["settings"][0] == 10
+    assert observed["threads"] == 1 and observed["profile"] == "dev" and observed["settings"][0] == 5
     assert observed["alarm_handler"] == "harness.timeouts"
     assert "HARNESS_EXPERTS_IMPLEMENTATION" in observed["environment"]
     assert observed["snapshot_fixture"] == "harness.pytest_support"

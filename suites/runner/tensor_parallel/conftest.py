@@ -44,7 +44,10 @@ def assert_ranks_match_eager(failure_context: Callable[..., dict]) -> Callable[.
             f"{composition.describe()}: every rank must "
             + (f"replay bucket {bucket} once" if bucket is not None else "run it eagerly (no bucket holds the "
                "largest arrival)")
-            + f"; replays by bucket per rank {replays}, eager fallbacks per rank {fallbacks} ({setup.describe()})")
+            + f"; replays by bucket per rank {replays}, eager fallbacks per rank {fallbacks} ({setup.describe()}). "
+            "The ranks must agree on one bucket, chosen from the largest arrival of any rank (an all-reduce "
+            "of the token counts); an engine without tensor parallelism runs the suites with --tp 1, which "
+            "leaves these cases out")
         for rank, result in enumerate(results):
             assert result.restored and not result.published, (
                 f"rank {rank}: after run() the layer stack's forward is "

@@ -73,8 +73,8 @@ def order_for_workers(config: pytest.Config, items: list[pytest.Item], *, worker
     units = _units(items)
     if not units:
         return
+    marked = {id(item) for unit in units for item in unit}
     if config.getoption("maxfail", 0):
-        marked = {id(item) for unit in units for item in unit}
         items[:] = [item for item in items if id(item) not in marked] + [item for item in items if id(item) in marked]
         return
     if workers is None:
@@ -94,6 +94,5 @@ def order_for_workers(config: pytest.Config, items: list[pytest.Item], *, worker
                 position = ordered.index(None)
             ordered[position] = item
             next_free[worker] = position + 1
-    placed = {id(item) for unit in units for item in unit}
-    rest = iter([item for item in items if id(item) not in placed])
+    rest = iter([item for item in items if id(item) not in marked])
     items[:] = [item if item is not None else next(rest) for item in ordered]

@@ -5,6 +5,8 @@ mutant last time) before the rest of the suite, and writes the first failure, wi
 the parent started the process, to the JSON file named by ``HARNESS_FIRST_FAILURE``. With
 ``HARNESS_EXIT_ON_FIRST_FAILURE=1`` (mutant runs) the process then exits at once with status 1: the
 verdict is known, and teardown, the summary and the interpreter's shutdown cost seconds per mutant.
+With ``HARNESS_SLOWEST_TESTS`` (reference runs) it writes the run's slowest tests there at the end, as
+``[[node id, seconds of setup, call and teardown], ...]``: what bounds the matrix's longest run.
 """
 
 from __future__ import annotations
@@ -28,10 +30,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 _recorded = False
+SLOWEST_COUNT = 10
+_seconds: dict[str, float] = {}
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     global _recorded
+    _seconds[report.nodeid] = _seconds.get(report.nodeid, 0.0) + report.duration
     target = os.environ.get("HARNESS_FIRST_FAILURE")
     if _recorded or not target or not report.failed:
         return
@@ -43,3 +48,13 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         json.dump(record, handle)
     if os.environ.get("HARNESS_EXIT_ON_FIRST_FAILURE") == "1":
         os._exit(1)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    target = os.environ.get("HARNESS_SLOWEST_TESTS")
+    # Under xdist the controller receives every worker's reports; a worker writes nothing.
+    if not target or hasattr(session.config, "workerinput"):
+        return
+    slowest = sorted(_seconds.items(), key=lambda entry: -entry[1])[:SLOWEST_COUNT]
+    with open(target, "w") as handle:
+        json.dump([[nodeid, round(seconds, 2)] for nodeid, seconds in slowest], handle)

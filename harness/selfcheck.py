@@ -81,6 +81,7 @@ class Outcome:
     failures: tuple[str, ...] = ()  # every failing test of the run (a mutant's run stops at its first)
     not_judged_because: str = ""
     launch: str = ""  # fork server / process / process (why the fork server did not run it)
+    slowest_tests: tuple[tuple[str, float], ...] = ()  # a reference's: its suite's slowest in the run, seconds
 
     @property
     def ok(self) -> bool:
@@ -207,11 +208,15 @@ def _run_together(impl_list: list[impls.Implementation], *, first: str, fork_ser
     environment["HARNESS_RUN_FIRST"] = first if is_mutant else ""
     environment["HARNESS_EXIT_ON_FIRST_FAILURE"] = "1" if is_mutant else ""
     with tempfile.TemporaryDirectory() as scratch:
-        report_path = Path(scratch) / "first_failure.json"
+        report_path, slowest_path = Path(scratch) / "first_failure.json", Path(scratch) / "slowest.json"
         environment["HARNESS_FIRST_FAILURE"] = str(report_path)
+        if not is_mutant:
+            environment["HARNESS_SLOWEST_TESTS"] = str(slowest_path)
         returncode, output, seconds, launch = _launch(command, environment, cwd=root, time_limit=process_timeout,
                                                       scratch=Path(scratch), fork_server=fork_server)
         first_failure = json.loads(report_path.read_text()) if report_path.is_file() else None
+        slowest = [(nodeid, seconds) for nodeid, seconds in json.loads(slowest_path.read_text())] \
+            if slowest_path.is_file() else []
     listed = _FAILED_LINE.findall(output)
     every_failure = list(dict.fromkeys(([first_failure["nodeid"]] if first_failure else []) + listed))
     backend = _effective_backend(graph_backend, device)
@@ -241,7 +246,8 @@ def _run_together(impl_list: list[impls.Implementation], *, first: str, fork_ser
                                 seconds, display, impl.bug,
                                 first_failure["seconds"] if first_failure and first_failure["nodeid"] in failures
                                 else None, backend,
-                                tuple(failures), launch=launch))
+                                tuple(failures), launch=launch,
+                                slowest_tests=tuple(entry for entry in slowest if _in_suite(entry[0], suite))))
     return outcomes
 
 
@@ -400,6 +406,11 @@ def format_matrix(outcomes: list[Outcome]) -> str:
     lines.append(f"\n{counted}{median}; references "
                  + ", ".join(f"{o.component}={o.verdict} ({o.seconds:.0f} s)" for o in outcomes
                              if o.kind == "reference"))
+    slowest = sorted((entry for o in outcomes if o.kind == "reference" for entry in o.slowest_tests),
+                     key=lambda entry: -entry[1])[:5]
+    if slowest:  # what bounds the references' run, and with it most matrices
+        lines.append("slowest tests of the references: "
+                     + ", ".join(f"{nodeid} ({seconds:.1f} s)" for nodeid, seconds in slowest))
     return "\n".join(lines)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -190,3 +191,20 @@ def test_references_share_one_session_beside_the_mutants(tmp_path: Path, monkeyp
     assert [o.component for o in outcomes if o.kind == "reference"] == ["graphs", "gather"]
     # Every mutant judged here went through run_one (the cuda-only ones are skipped on this backend).
     assert {o.verdict for o in outcomes if o.kind == "mutant"} == {"killed", "skipped"}
+
+
+def test_a_references_run_reports_its_slowest_tests(tmp_path: Path):
+    root = _suites_root(tmp_path, gather_test=PASSES,
+                        graphs_test="import time\n\ndef test_slow():\n    time.sleep(0.5)\n\n" + PASSES)
+    gather, graphs = selfcheck.run_references(
+        _references("gather", "graphs"), workers=2, graph_backend="emulated", device="cpu", root=root,
+        environment=selfcheck.child_environment(threads=1), test_timeout=None, process_timeout=300)
+    assert (gather.verdict, graphs.verdict) == ("passed", "passed"), (gather, graphs)
+    # Each reference keeps its own suite's tests, slowest first (seconds of setup, call and teardown).
+    assert [nodeid for nodeid, _ in graphs.slowest_tests] == [
+        "suites/graphs/test_graphs_tiny.py::test_slow", "suites/graphs/test_graphs_tiny.py::test_passes"]
+    assert graphs.slowest_tests[0][1] >= 0.5 > graphs.slowest_tests[1][1]
+    assert [nodeid for nodeid, _ in gather.slowest_tests] == ["suites/gather/test_gather_tiny.py::test_passes"]
+    table = selfcheck.format_matrix([gather, graphs])
+    assert re.search(r"^slowest tests of the references: suites/graphs/test_graphs_tiny\.py::test_slow \(\d+\.\d s\), ",
+                     table, re.MULTILINE), table

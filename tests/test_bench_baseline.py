@@ -195,6 +195,8 @@ def test_format_names_every_failing_figure_and_its_band():
     text = format_findings(compare(now, before), baseline_path="b.json", thresholds=Thresholds())
     assert "slower     dense/1/run_ms: 1 -> 3 (+200.0% worse, noise band 15.0%; reported, not gated)" in text
     assert "changed    dense/1/launches_run: 1 -> 40 (counts must match exactly)" in text
+    faster = format_findings(compare(before, now), baseline_path="b.json", thresholds=Thresholds())
+    assert "faster     dense/1/run_ms: 3 -> 1 (66.7% better, noise band 15.0%; reported, not gated)" in faster
     assert text.splitlines()[-1] == "REGRESSION: 1 of 1 gated findings"
 
 

@@ -91,7 +91,10 @@ class Finding:
 
         text = f"{self.verdict:<10} {self.key}: {number(self.baseline)} -> {number(self.current)}"
         if self.change is not None and self.band is not None:
-            text += (f" ({self.change * 100:+.1f}% worse, noise band {self.band * 100:.1f}%"
+            # A figure that improved reads "better", never as a negative worsening ("-74% worse").
+            amount = (f"{self.change * 100:+.1f}% worse" if self.change >= 0
+                      else f"{-self.change * 100:.1f}% better")
+            text += (f" ({amount}, noise band {self.band * 100:.1f}%"
                      + ("" if self.gated else "; reported, not gated") + ")")
         elif self.kind == "count" and self.verdict == "changed":
             text += " (counts must match exactly)"

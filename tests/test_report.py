@@ -10,7 +10,7 @@ import torch
 
 from harness import observations
 from harness.compare import assert_equivalent, tolerance_for
-from harness.report import annotations, format_markdown
+from harness.report import _WithoutBanner, annotations, format_markdown
 
 pytest_plugins = ["pytester"]
 
@@ -78,3 +78,29 @@ def test_report_is_written_as_json_and_merged_across_xdist_workers(pytester):
     assert len(lines) == 1 and lines[0].startswith("::error file=suites/demo/test_demo.py,line=11,title=test_broken::")
     markdown = format_markdown(report)
     assert "| demo | 1 | 1 | 0 | 0 |" in markdown
+
+
+class _SyrupyReport:
+    """Stands in for syrupy's session report: only its ``lines`` are read."""
+
+    def __init__(self, lines: list[str]) -> None:
+        self.lines = iter(lines)
+
+
+@pytest.mark.parametrize("colour", [("", ""), ("\x1b[33m", "\x1b[0m")], ids=["plain", "coloured"])
+def test_syrupy_5s_unused_count_and_delete_advice_are_dropped(colour):
+    # syrupy 5 cannot switch its unused rule off: the goldens of other devices and torch minors read as unused,
+    # and its advice (--snapshot-update) would delete them; the harness's orphan rule replaces both.
+    on, off = colour
+    syrupy_5 = [f"{on}11{off} snapshots passed. {on}2{off} snapshots unused.", "",
+                f"{on}Unused{off} test_a (golden/x.ambr)",
+                f"{on}Re-run pytest with --snapshot-update to delete unused snapshots.{off}"]
+    assert list(_WithoutBanner(_SyrupyReport(syrupy_5)).lines) == [f"{on}11{off} snapshots passed."]
+    only_unused = [f"{on}1{off} snapshot unused.", "", "Re-run pytest with --snapshot-update to delete unused snapshots."]
+    assert list(_WithoutBanner(_SyrupyReport(only_unused)).lines) == []
+
+
+def test_syrupys_disabled_rule_banner_is_dropped_and_the_rest_kept():
+    syrupy_7 = ["Unused snapshot detection is disabled (--snapshot-disable-unused). This is not recommended.",
+                "3 snapshots passed. 1 snapshot generated."]
+    assert list(_WithoutBanner(_SyrupyReport(syrupy_7)).lines) == ["3 snapshots passed. 1 snapshot generated."]

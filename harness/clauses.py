@@ -83,11 +83,12 @@ CLAUSES: dict[str, tuple[Clause, ...]] = {
     "gather": _table(
         "gather",
         ("bit-identical", CORE, "each output is buf[indices], bit-identical to eager indexing, for every dtype, "
-                                "index dtype and count (0 and duplicates included)"),
+                                "index dtype, count (0 and duplicates included) and value (-0.0, infinities, "
+                                "int64 beyond 2**53), reading the sources as they are at the call"),
         ("layouts", CORE, "indices and sources of any memory layout (strided, sliced, offset views) give the same "
                           "result"),
-        ("index-domain", CORE, "negative indices in [-pool, 0) wrap as in Python; an index outside [-pool, pool) "
-                               "raises, never returns made-up data"),
+        ("index-domain", CORE, "negative indices in [-pool, 0) wrap as in Python, by each buffer's own pool; an "
+                               "index outside [-pool, pool) raises, never returns made-up data"),
         ("fresh-outputs", CORE, "outputs are new tensors that alias no source; sources are never modified"),
         ("no-hidden", CORE, "hidden_states_buf=None gives hidden_states=None"),
         ("in-graph", CORE, "captured in a graph, a replay after the indices and sources are refilled gathers the "

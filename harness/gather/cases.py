@@ -47,18 +47,32 @@ def gather_dtypes() -> tuple[torch.dtype, ...]:
     return tuple(dtypes)
 
 
+def _special_floats(dtype: torch.dtype) -> list[float]:
+    # Values a copy keeps and arithmetic does not: -0.0 (x * 1 + 0 gives +0.0) and infinities (0 * inf is
+    # NaN, so a one-hot matmul spreads them into every row). float8 has no infinity in e4m3fn: its
+    # largest finite values stand in. NaN is left out: a compiled kernel may round-trip half precision
+    # through float32, which canonicalises NaN payloads on some devices.
+    if dtype.itemsize == 1:
+        largest = torch.finfo(dtype).max
+        return [-0.0, largest, -largest]
+    return [-0.0, math.inf, -math.inf]
+
+
 def random_values(shape: Sequence[int], dtype: torch.dtype, *, generator: torch.Generator) -> torch.Tensor:
-    """Random CPU values of ``dtype``; integers span far beyond int32 where the dtype allows."""
+    """Random CPU values of ``dtype``: integers over the dtype's whole range (int64 beyond 2**53, which a
+    trip through float64 loses); floats normal, about one in eight replaced by -0.0 or an infinity."""
     shape = tuple(shape)
     if dtype == torch.bool:
         return torch.randint(0, 2, shape, generator=generator).bool()
     if dtype.is_floating_point:
         # float8 has a narrow range: scale so that casting keeps most values finite and distinct.
         scale = 4.0 if dtype.itemsize == 1 else 100.0
-        return (torch.randn(shape, generator=generator, dtype=torch.float64) * scale).to(dtype)
+        values = torch.randn(shape, generator=generator, dtype=torch.float64) * scale
+        specials = torch.tensor(_special_floats(dtype), dtype=torch.float64)
+        chosen = specials[torch.randint(0, len(specials), shape, generator=generator)]
+        return torch.where(torch.rand(shape, generator=generator) < 0.125, chosen, values).to(dtype)
     info = torch.iinfo(dtype)
-    low, high = max(info.min, -(2**40)), min(info.max, 2**40)
-    return torch.randint(low, high, shape, generator=generator, dtype=torch.int64).to(dtype)
+    return torch.randint(info.min, info.max, shape, generator=generator, dtype=torch.int64).to(dtype)
 
 
 def with_layout(values: torch.Tensor, layout: str, *, generator: torch.Generator,
@@ -90,15 +104,18 @@ def with_layout(values: torch.Tensor, layout: str, *, generator: torch.Generator
 
 @dataclasses.dataclass(frozen=True)
 class BufferSpec:
-    """One source buffer: its trailing shape (after the pool dimension), dtype and layout."""
+    """One source buffer: its trailing shape (after the pool dimension), dtype and layout; ``pool``, when
+    given, is its own number of slots (more than the case's: a hidden-states buffer sized apart)."""
 
     trailing: tuple[int, ...]
     dtype: torch.dtype
     layout: str = "contiguous"
+    pool: Optional[int] = None
 
     def describe(self) -> str:
-        return f"[pool, {', '.join(map(str, self.trailing))}] {str(self.dtype).removeprefix('torch.')} {self.layout}".replace(
-            "[pool, ]", "[pool]")
+        slots = "pool" if self.pool is None else f"{self.pool}"
+        return f"[{slots}, {', '.join(map(str, self.trailing))}] {str(self.dtype).removeprefix('torch.')} {self.layout}".replace(
+            ", ]", "]")
 
 
 @dataclasses.dataclass
@@ -134,6 +151,10 @@ class GatherCase:
         if self.index_values is not None and len(self.index_values) != self.count:
             raise GatherContractError(
                 f"index_values has {len(self.index_values)} entries but count is {self.count}")
+        small = [spec.pool for spec in self.specs if spec is not None and spec.pool is not None and spec.pool < self.pool]
+        if small:
+            raise GatherContractError(f"a buffer's own pool ({small[0]}) is below the case's pool ({self.pool}): the "
+                                      "case's pool is the smallest, the domain of its indices")
 
     @property
     def specs(self) -> tuple[BufferSpec, BufferSpec, BufferSpec, Optional[BufferSpec]]:
@@ -146,7 +167,7 @@ class GatherCase:
             if spec is None:
                 buffers.append(None)
                 continue
-            values = random_values((self.pool, *spec.trailing), spec.dtype, generator=generator)
+            values = random_values((spec.pool or self.pool, *spec.trailing), spec.dtype, generator=generator)
             buffers.append(with_layout(values, spec.layout, generator=generator, device=device))
         if self.index_values is None:
             raw = torch.randint(0, self.pool, (self.count,), generator=generator)
@@ -173,7 +194,8 @@ class GatherCase:
         def spec_json(spec: Optional[BufferSpec]) -> Any:
             if spec is None:
                 return None
-            return {"trailing": list(spec.trailing), "dtype": _dtype_name(spec.dtype), "layout": spec.layout}
+            return {"trailing": list(spec.trailing), "dtype": _dtype_name(spec.dtype), "layout": spec.layout,
+                    "pool": spec.pool}
 
         return {
             "pool": self.pool, "count": self.count, "seed": self.seed,
@@ -188,7 +210,7 @@ class GatherCase:
         def spec_of(item: Any) -> Optional[BufferSpec]:
             if item is None:
                 return None
-            return BufferSpec(tuple(item["trailing"]), _dtype_of(item["dtype"]), item["layout"])
+            return BufferSpec(tuple(item["trailing"]), _dtype_of(item["dtype"]), item["layout"], item.get("pool"))
 
         return cls(
             pool=data["pool"], count=data["count"], seed=data["seed"],
@@ -200,7 +222,7 @@ class GatherCase:
 
     @property
     def element_count(self) -> int:
-        return sum(self.pool * math.prod(spec.trailing) for spec in self.specs if spec is not None)
+        return sum((spec.pool or self.pool) * math.prod(spec.trailing) for spec in self.specs if spec is not None)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

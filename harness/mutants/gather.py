@@ -150,3 +150,47 @@ _static_shapes_gather = torch.compile(eager_gather, dynamic=False)
              "decode stream reaches dynamo's recompile limit within a few steps and from then on runs eagerly, silently")
 def static_shapes(indices, *buffers) -> GatherOutputs:
     return _static_shapes_gather(indices, *buffers)
+
+
+@MUTANTS.add("packs-through-float64", bug="packs every buffer into one float64 matrix for a single gather, so int64 "
+             "values beyond 2**53 (and any bits float64 cannot hold) come back changed")
+def packs_through_float64(indices, *buffers) -> GatherOutputs:
+    # "One gather instead of four": concatenate the buffers' rows in a common dtype, gather once, split.
+    present = [buf for buf in buffers if buf is not None]
+    pool = present[0].shape[0]
+    columns = [buf.reshape(pool, -1).to(torch.float64) for buf in present]
+    packed = torch.cat(columns, dim=1)[indices]
+    outputs, start = [], 0
+    for buf, column in zip(present, columns):
+        width = column.shape[1]
+        outputs.append(packed[:, start:start + width].to(buf.dtype).reshape(indices.shape[0], *buf.shape[1:]))
+        start += width
+    gathered = iter(outputs)
+    return tuple(None if buf is None else next(gathered) for buf in buffers)  # type: ignore[return-value]
+
+
+@MUTANTS.add("one-hot-matmul", bug="gathers floating buffers as a one-hot matrix product: -0.0 comes back +0.0 and an "
+             "infinity anywhere in the pool turns every gathered row NaN (0 * inf)")
+def one_hot_matmul(indices, *buffers) -> GatherOutputs:
+    # The accelerator idiom: a gather as onehot(indices) @ buf, exact for finite values only.
+    def take(index, buf):
+        if not buf.dtype.is_floating_point:
+            return buf[index]
+        pool = buf.shape[0]
+        compute = buf.dtype if buf.element_size() > 1 else torch.float32  # no float8 matmul
+        one_hot = (torch.remainder(index.long(), pool).unsqueeze(1)
+                   == torch.arange(pool, device=buf.device)).to(compute)
+        return (one_hot @ buf.reshape(pool, -1).to(compute)).to(buf.dtype).reshape(index.shape[0], *buf.shape[1:])
+
+    return _each(indices, buffers, take)
+
+
+@MUTANTS.add("wraps-by-first-pool", bug="wraps negative indices once, by topk_p_buf's pool, for every buffer: a "
+             "hidden-states buffer with more slots reads the wrong row")
+def wraps_by_first_pool(indices, *buffers) -> GatherOutputs:
+    # Index normalisation hoisted out of the per-buffer loop; an index still negative traps, as an
+    # unsigned bounds check in a kernel would.
+    pool = buffers[0].shape[0]
+    wrapped = torch.where(indices < 0, indices + pool, indices)
+    wrapped = torch.where(wrapped < 0, wrapped + (1 << 40), wrapped)
+    return _each(wrapped, buffers, lambda index, buf: buf[index])

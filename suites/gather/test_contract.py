@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from harness.compare import assert_equivalent
 from harness.gather import BufferSpec, GatherCase, eager_gather, gather_dtypes
-from harness.gather.cases import SOURCE_LAYOUTS
+from harness.gather.cases import SOURCE_LAYOUTS, random_values
 from harness.gather.strategies import gather_cases
 
 pytestmark = pytest.mark.clause("bit-identical")
@@ -76,16 +76,21 @@ def test_duplicates_give_new_tensors(check_gather):
 
 
 def test_index_values_change_between_calls(gather_function, device, failure_context):
-    # Engines refill one index tensor in place every step, and pass the same buffers: a result
-    # keyed on shapes or addresses would be stale.
+    # Engines refill one index tensor in place every step, and pass the same buffers, which the
+    # step before stashed new extras into: a result keyed on shapes, addresses or the index
+    # tensor's own writes would be stale. Steps refill the indices, the sources, or both.
     case = GatherCase(pool=64, count=6, seed=8)
     inputs = case.build(device)
     generator = torch.Generator().manual_seed(case.seed)
-    for step in range(3):
-        inputs.indices.copy_(torch.randperm(case.pool, generator=generator)[: case.count].to(inputs.indices))
+    for step, refill in enumerate(("indices", "sources", "both", "sources")):
+        if refill != "sources":
+            inputs.indices.copy_(torch.randperm(case.pool, generator=generator)[: case.count].to(inputs.indices))
+        if refill != "indices":
+            for buffer in inputs.buffers:
+                buffer.copy_(random_values(buffer.shape, buffer.dtype, generator=generator))
         assert_equivalent(gather_function(*inputs.args), eager_gather(*inputs.args), exact=True,
-                          context=failure_context(**case.describe(), step=step,
-                                                  refilled_indices=inputs.indices.tolist()))
+                          context=failure_context(**case.describe(), step=step, refilled=refill,
+                                                  index_values_now=inputs.indices.tolist()))
 
 
 # Two shards (with and without a hidden-states buffer), each with half the profile's examples: the
@@ -102,9 +107,12 @@ def test_matches_eager_oracle_over_the_contract(check_gather, with_hidden, data)
 @pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32], ids=str)
 def test_negative_indices_in_range_wrap(check_gather, index_dtype):
     """In-range negative indices are safe to run in-process (no kernel reads out of bounds on them)
-    and must wrap as Python indexing does; the edges of the range are probed in child processes."""
+    and must wrap as Python indexing does, each by its own buffer's pool: the hidden-states buffer
+    here has more slots than the others (an engine may size it apart), so -1 is its slot 22, not 16.
+    The edges of the range are probed in child processes."""
     values = (-17, -1, 0, 16, -5, 3, -17, 8, -2)
-    check_gather(GatherCase(pool=17, count=len(values), seed=11, index_dtype=index_dtype, index_values=values))
+    check_gather(GatherCase(pool=17, count=len(values), seed=11, index_dtype=index_dtype, index_values=values,
+                            hidden=BufferSpec((64,), torch.bfloat16, pool=23)))
 
 
 @pytest.mark.clause("fresh-outputs")

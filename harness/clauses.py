@@ -60,13 +60,15 @@ CLAUSES: dict[str, tuple[Clause, ...]] = {
                               "break are fresh and in the eager generator stream"),
         ("write-back", CORE, "break outputs are written back in place into the objects returned at capture "
                              "(tensors, views element by element, lists, tuples, dicts, objects with __dict__ or "
-                             "__slots__, the Python values they hold); graph.output is refreshed in place"),
+                             "__slots__, the Python values they hold); graph.output is refreshed in place and "
+                             "replay() returns that object itself"),
         ("changes-raise", CORE, "a break output of another shape, dtype, device or structure at replay raises "
                                 "ReplayError at that break, never broadcasts, casts or silently replaces"),
         ("fault-recovery", CORE, "an exception from a break at replay propagates, and the next replay equals eager "
                                  "again"),
         ("capture-failure-clean", CORE, "an exception during capture propagates, leaves no capture active and "
-                                        "restores the process state the capture changed"),
+                                        "restores the process state the capture changed; a capture or replay "
+                                        "that succeeds restores it too"),
         ("per-thread", CORE, "capture state is per thread: another thread's breaks are plain calls"),
         ("warm-up", CORE, "state the function creates lazily is created at warm-up, outside the graph"),
         ("pools", CORE, "graphs sharing a pool replay in capture order without clobbering each other; graphs "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import gc
 import warnings
 from typing import Any, Callable
 
@@ -502,6 +503,55 @@ class StanceLeakedOnFailure(GraphCapturer):
         graph = super().capture(fn, pool=pool, warmup_runs=warmup_runs)
         torch.compiler.set_stance("default")
         return graph
+
+
+class _StateLeakingSession(CaptureSession):
+    """Captures under no_grad with the collector off (as CUDA-graph capture code does), and gives both
+    back only on the failure path."""
+
+    def publish(self) -> Any:
+        self._restore = (torch.is_grad_enabled(), gc.isenabled())
+        torch.set_grad_enabled(False)
+        gc.disable()
+        return super().publish()
+
+    def retract(self, token: Any, *, failed: bool) -> None:
+        super().retract(token, failed=failed)
+        if failed:
+            grad_enabled, collector_enabled = self._restore
+            torch.set_grad_enabled(grad_enabled)
+            if collector_enabled:
+                gc.enable()
+
+
+@MUTANTS.add("state-leaked-after-success", bug="the capturer turns grad mode and the garbage collector off for the "
+         "capture and restores them only when it fails: after a successful capture the process runs without both")
+class StateLeakedAfterSuccess(GraphCapturer):
+    session_class = _StateLeakingSession
+
+
+class _BareNamesGraph(BreakableGraph):
+    @property
+    def break_names(self) -> list[str]:
+        return [getattr(step.fn, "__name__", repr(step.fn)) for step in self.steps if isinstance(step, Break)]
+
+
+@MUTANTS.add("bare-break-names", bug="break names are the functions' bare __name__: every layer's `forward` or "
+         "`attend` reads alike, whatever class or scope it belongs to")
+class BareBreakNames(GraphCapturer):
+    graph_class = _BareNamesGraph
+
+
+class _CopyingReplayGraph(BreakableGraph):
+    def replay(self) -> Any:
+        super().replay()
+        return copy.deepcopy(self.output)
+
+
+@MUTANTS.add("replay-returns-copy", bug="replay() returns a copy of graph.output: right at that replay, stale from the "
+         "next one for a caller that kept the handle")
+class ReplayReturnsCopy(GraphCapturer):
+    graph_class = _CopyingReplayGraph
 
 
 # --- CUDA only: warm-up and memory pools (the emulated backend models neither) -----------------------------

@@ -41,7 +41,10 @@ def test_counts_and_names(graph_capturer, make_tensor):
 
     graph = graph_capturer.capture(fn)
     assert (graph.segment_count, graph.break_count) == (4, 3)
-    assert [name.rsplit(".", 1)[-1] for name in graph.break_names] == ["first", "_empty_break", "second"]
+    # Qualified names: two breaks named alike in different scopes (each block's `forward`) stay apart.
+    names = list(graph.break_names)
+    assert len(names) == 3 and names[0] == first.__qualname__ and names[2] == second.__qualname__, names
+    assert names[1].rsplit(".", 1)[-1] == "_empty_break", names
 
 
 def test_segments_and_breaks_replay_in_capture_order(graph_capturer, make_tensor, exact):
@@ -222,9 +225,29 @@ def test_methods_can_be_breaks(graph_capturer, make_tensor, exact):
 
     block = Block()
     graph = graph_capturer.capture(lambda: block(x))
-    assert graph.break_count == 1
+    assert graph.break_count == 1 and list(graph.break_names) == [Block.attend.__qualname__], graph.break_names
     block.offset = 1.5  # live Python state read by the eager break
     assert_equivalent(graph.replay(), (x * 2 + 1.5) * 3, exact=exact)
+
+
+@pytest.mark.clause("write-back")
+def test_replay_returns_the_output_it_refreshes(graph_capturer, make_tensor, exact):
+    """``replay()`` returns ``graph.output`` itself: a handle a caller took from one replay (a runner
+    keeps the logits' buffer) reads the next replay's values, for segment and break outputs alike."""
+    x = make_tensor(3, 4, seed=14)
+
+    @eager_on_graph
+    def attend(h):
+        return h.flip(0) + 1
+
+    graph = graph_capturer.capture(lambda: {"hidden": x * 2, "attended": attend(x - 1)})
+    handle = graph.replay()
+    assert handle is graph.output, "replay() must return graph.output, not a copy of it"
+    for seed in (15, 16):
+        x.copy_(make_tensor(3, 4, seed=seed))
+        assert graph.replay() is handle
+        assert_equivalent(handle, {"hidden": x * 2, "attended": (x - 1).flip(0) + 1}, exact=exact,
+                          context={"problem": "a handle returned by an earlier replay", "seed": seed})
 
 
 def test_outside_a_capture_a_break_is_a_plain_call(make_tensor):

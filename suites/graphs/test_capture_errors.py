@@ -185,3 +185,33 @@ def test_failed_capture_restores_compile_stance_dynamo_and_allocator_state(graph
     )
     torch._dynamo.reset()
     _assert_capture_usable_afterwards(graph_capturer, make_tensor)
+
+
+@pytest.mark.clause("capture-failure-clean")
+def test_successful_capture_restores_process_state(graph_capturer, make_tensor, device):
+    """A capture that succeeds gives back what it changed too: an engine captures under no_grad or with
+    the collector off, and a capture that restored them only on failure would leave the rest of the
+    process (the eager path, a training step, the collector) changed."""
+    x = make_tensor(6, seed=8)
+
+    @eager_on_graph
+    def attend(h):
+        return h * 3
+
+    # From the state an engine starts in, whatever earlier captures of this session (the implementation's
+    # load-time smoke capture among them) left behind.
+    collector_was_enabled = gc.isenabled()
+    gc.enable()
+    try:
+        with torch.enable_grad():
+            before = _process_state(device)
+            graph = graph_capturer.capture(lambda: attend(x + 1) - 1)
+            after_capture = _process_state(device)
+            graph.replay()
+            after_replay = _process_state(device)
+    finally:
+        if not collector_was_enabled:
+            gc.disable()
+    for when, after in (("capture", after_capture), ("replay", after_replay)):
+        changed = {name: (before[name], after[name]) for name in before if after[name] != before[name]}
+        assert not changed, f"a successful {when} left process state changed (before, after): {changed}"

@@ -497,6 +497,14 @@ class GraphReadsPrivateWeightCopy(LayerStackRunner):
                 module._parameters[name] = parameter
 
 
+@MUTANTS.add("inference-mode-not-kept", bug="runs captures and replays under no_grad whatever mode it was built in: "
+                    "built under torch.inference_mode() its static buffers are inference tensors, and a call outside "
+                    "inference mode fails to update them in place")
+class InferenceModeNotKept(LayerStackRunner):
+    def autograd_off(self) -> contextlib.AbstractContextManager:
+        return torch.no_grad()
+
+
 # -- tensor parallelism (suites/runner/tensor_parallel): a module of their own -------------------
 
 MUTANTS.include(runner_distributed.MUTANTS)

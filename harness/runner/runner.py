@@ -184,6 +184,8 @@ class LayerStackRunner:
         self.stats = RunnerStats()
         # The tensor-parallel group the ranks agree over (None: one rank, no agreement needed).
         self.process_group = getattr(model, "process_group", None)
+        # Built under torch.inference_mode(): the static buffers are inference tensors (see autograd_off).
+        self.built_in_inference_mode = torch.is_inference_mode_enabled()
         self.discovery = self.discover(model)
         self.layer_model = self.discovery.module
         self._captured: dict[int, StaticInputs] = {}
@@ -206,8 +208,10 @@ class LayerStackRunner:
 
     def autograd_off(self) -> contextlib.AbstractContextManager:
         # Calling layer_model.forward directly skips the outer model's own no_grad, and compiled
-        # MoE kernels with out= reductions refuse to run under autograd.
-        return torch.no_grad()
+        # MoE kernels with out= reductions refuse to run under autograd. A runner built under
+        # inference mode keeps to it: its static buffers are inference tensors, which only inference
+        # mode may update in place ("Inplace update to inference tensor outside InferenceMode").
+        return torch.inference_mode() if self.built_in_inference_mode else torch.no_grad()
 
     @contextlib.contextmanager
     def patched_forward(self, replacement: Callable[..., Any]) -> Iterator[None]:
@@ -390,7 +394,11 @@ class LayerStackRunner:
             batch = batch.padded_to(rows)
         with self.autograd_off():
             output = self.model(batch.input_ids, batch.positions, batch)
-        return self.slice_output(output, bucket=rows, num_tokens=batch.num_tokens)
+        output = self.slice_output(output, bucket=rows, num_tokens=batch.num_tokens)
+        if self.built_in_inference_mode and not torch.is_inference_mode_enabled():
+            # Made in inference mode: a caller outside it could not update them in place (samplers do).
+            output = self.hand_out(output)
+        return output
 
     def replay(self, batch: ForwardBatch) -> Any:
         """Replay ``batch`` through its bucket's graph; raises rather than running eagerly."""

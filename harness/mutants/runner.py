@@ -13,9 +13,10 @@ import dataclasses
 import warnings
 from typing import Any, Callable, Iterator
 
+import torch
 from torch import nn
 
-from harness.batch import ForwardBatch, HiddenMode, forward_context
+from harness.batch import ForwardBatch, HiddenMode, current_batch, forward_context
 from harness.errors import BucketError
 from harness.mutants import MutantSet, runner_distributed
 from harness.runner.discovery import DiscoveryResult, layer_list
@@ -386,6 +387,122 @@ class LayersRecordedInLargestBucketOnly(LayerStackRunner):
             return
         with super().record_layers(static):
             yield
+
+
+# -- what the outer model hands the stack, and what it hands back (suites/runner/test_stack_arguments.py) --
+
+
+class _KeepsCaptured(StaticInputs):
+    """Static inputs that skip, at replay, every argument whose captured value :meth:`kept` says stays as captured."""
+
+    @staticmethod
+    def kept(static: Any) -> bool:
+        raise NotImplementedError
+
+    def load(self, args: tuple[Any, ...], kwargs: dict[str, Any], *, copy_batch: bool) -> None:
+        def keep(static: Any, live: Any) -> Any:
+            return static if self.kept(static) else live
+
+        super().load(tuple(keep(s, a) for s, a in zip(self.args, args)),
+                     {key: keep(self.kwargs.get(key), value) for key, value in kwargs.items()}, copy_batch=copy_batch)
+
+
+class _KeepsCapturedScalars(_KeepsCaptured):
+    kept = staticmethod(lambda static: isinstance(static, (bool, int, float, str)))  # "scalars are not buffers"
+
+
+@MUTANTS.add("ignores-changed-scalars", bug="copies tensors into the static inputs and skips Python scalars: a keyword "
+                    "such as an MTP draft-step index that changes between calls silently replays the capture's value")
+class IgnoresChangedScalars(LayerStackRunner):
+    static_inputs_class = _KeepsCapturedScalars
+
+
+class _KeepsCapturedContainers(_KeepsCaptured):
+    kept = staticmethod(lambda static: isinstance(static, (tuple, list, dict)))  # only top-level tensors are copied
+
+
+@MUTANTS.add("container-members-frozen", bug="copies the stack's tensor arguments but not tensors inside lists and "
+                    "dicts: per-layer DeepStack embeddings (or a VLM's mask per attention type) keep the capture's values")
+class ContainerMembersFrozen(LayerStackRunner):
+    static_inputs_class = _KeepsCapturedContainers
+
+
+class _KeepsCapturedNones(_KeepsCaptured):
+    kept = staticmethod(lambda static: static is None)  # "it was None at capture: nothing to copy"
+
+
+@MUTANTS.add("ignores-input-where-capture-saw-none", bug="skips an argument that was None at capture: a batch with image "
+                    "embeddings (input_embeds, None for the text-only dummy) replays the text embeddings silently")
+class IgnoresInputWhereCaptureSawNone(LayerStackRunner):
+    static_inputs_class = _KeepsCapturedNones
+
+
+class _CopiesFromTheBatch(StaticInputs):
+    def load(self, args: tuple[Any, ...], kwargs: dict[str, Any], *, copy_batch: bool) -> None:
+        batch = current_batch()  # the padded live batch the runner published
+        if batch is not None and len(args) >= 2 and getattr(args[0], "shape", None) == batch.input_ids.shape:
+            args = (batch.input_ids, batch.positions, *args[2:])  # as a whole-model runner fills its buffers
+        super().load(args, kwargs, copy_batch=copy_batch)
+
+
+@MUTANTS.add("stack-inputs-from-the-batch", bug="fills the static token ids and positions from the batch, not from the "
+                    "arguments the outer model passed the stack: a model that shifts its positions (OPT) replays unshifted")
+class StackInputsFromTheBatch(LayerStackRunner):
+    static_inputs_class = _CopiesFromTheBatch
+
+
+@MUTANTS.add("hands-out-logits-output-only", bug="copies the fields of a logits-output dataclass and bare tensors only: "
+                    "a model handing out a dict or tuple (EAGLE-3 auxiliary hidden states) gets the graph's static buffers")
+class HandsOutLogitsOutputOnly(LayerStackRunner):
+    def hand_out(self, output: Any) -> Any:
+        if isinstance(output, torch.Tensor) or dataclasses.is_dataclass(output):
+            return super().hand_out(output)
+        return output  # "models return LogitsOutput"
+
+
+@MUTANTS.add("original-forward-saved-once", bug="keeps the layer's original forward from its first patch (at capture) and "
+                    "restores that one ever after: a wrapper the user installs or removes later is undone by the next call")
+class OriginalForwardSavedOnce(LayerStackRunner):
+    @contextlib.contextmanager
+    def patched_forward(self, replacement: Callable[..., Any]) -> Iterator[None]:
+        layer = self.layer_model
+        original = vars(self).setdefault("_original_forward", layer.__dict__.get("forward"))
+        layer.forward = replacement
+        try:
+            yield
+        finally:
+            if original is None:
+                del layer.forward
+            else:
+                layer.forward = original
+
+
+@MUTANTS.add("graph-reads-private-weight-copy", bug="captures against copies of the stack's parameters (made when it "
+                    "converts them for capture): weights updated in place later (RL weight sync, LoRA swap) never "
+                    "reach the replays")
+class GraphReadsPrivateWeightCopy(LayerStackRunner):
+    @contextlib.contextmanager
+    def record_layers(self, static: StaticInputs) -> Iterator[None]:
+        swapped = [(module, name, parameter) for module in self.layer_model.modules()
+                   for name, parameter in module._parameters.items() if parameter is not None]
+        copies = vars(self).setdefault("_weight_copies", [])  # kept alive as long as the graphs that read them
+        for module, name, parameter in swapped:
+            copies.append(nn.Parameter(parameter.detach().clone(), requires_grad=parameter.requires_grad))
+            module._parameters[name] = copies[-1]
+        try:
+            with super().record_layers(static):
+                yield
+        finally:
+            for module, name, parameter in swapped:
+                module._parameters[name] = parameter
+
+
+@MUTANTS.add("inference-mode-not-kept", bug="runs captures and replays under no_grad whatever mode it was built in: "
+                    "built under torch.inference_mode() its static buffers are inference tensors, and a call outside "
+                    "inference mode fails to update them in place")
+class InferenceModeNotKept(LayerStackRunner):
+    def autograd_off(self) -> contextlib.AbstractContextManager:
+        return torch.no_grad()
 
 
 # -- tensor parallelism (suites/runner/tensor_parallel): a module of their own -------------------

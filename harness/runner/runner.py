@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import enum
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
@@ -53,7 +54,7 @@ from harness.runner.discovery import (
     layer_list,
 )
 
-__all__ = ["RunnerStats", "StaticInputs", "LayerStackRunner"]
+__all__ = ["RunnerStats", "StaticInputs", "LayerStackRunner", "map_tensors"]
 
 _ABSENT = object()
 
@@ -127,18 +128,36 @@ def _copy_into(name: str, static: Any, live: Any, *, copy_batch: bool) -> None:
             static.last_indices.copy_(live.last_indices)
     elif (static is None) != (live is None):
         raise ReplayError(f"layer-stack {name} was {static!r} at capture but is {type(live).__name__} at replay")
+    elif isinstance(static, _SCALARS) and not _same_scalar(static, live):
+        # The graph froze the capture's value (Python control flow and arithmetic on it); replaying with
+        # another value would silently compute with the old one.
+        raise ReplayError(f"layer-stack {name} was {static!r} at capture but is {live!r} at replay: the graph froze "
+                          "the capture's value; pass it as a tensor, or capture per value")
 
 
-def _map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+# Python values a graph freezes and that compare by value (other objects compare by identity, and a
+# fresh one at every call says nothing about what the graph froze).
+_SCALARS = (bool, int, float, complex, str, bytes, enum.Enum)
+
+
+def _same_scalar(static: Any, live: Any) -> bool:
+    if type(static) is not type(live):
+        return False
+    return static == live or (static != static and live != live)  # NaN is the same NaN
+
+
+def map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """``value`` with ``fn`` applied to every tensor in it: in dataclasses (their init fields), tuples, lists
+    and dicts, at any depth; anything else as it is."""
     if isinstance(value, torch.Tensor):
         return fn(value)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return dataclasses.replace(value, **{f.name: _map_tensors(getattr(value, f.name), fn)
+        return dataclasses.replace(value, **{f.name: map_tensors(getattr(value, f.name), fn)
                                              for f in dataclasses.fields(value) if f.init})
     if isinstance(value, (tuple, list)):
-        return type(value)(_map_tensors(item, fn) for item in value)
+        return type(value)(map_tensors(item, fn) for item in value)
     if isinstance(value, dict):
-        return {key: _map_tensors(item, fn) for key, item in value.items()}
+        return {key: map_tensors(item, fn) for key, item in value.items()}
     return value
 
 
@@ -165,6 +184,8 @@ class LayerStackRunner:
         self.stats = RunnerStats()
         # The tensor-parallel group the ranks agree over (None: one rank, no agreement needed).
         self.process_group = getattr(model, "process_group", None)
+        # Built under torch.inference_mode(): the static buffers are inference tensors (see autograd_off).
+        self.built_in_inference_mode = torch.is_inference_mode_enabled()
         self.discovery = self.discover(model)
         self.layer_model = self.discovery.module
         self._captured: dict[int, StaticInputs] = {}
@@ -187,8 +208,10 @@ class LayerStackRunner:
 
     def autograd_off(self) -> contextlib.AbstractContextManager:
         # Calling layer_model.forward directly skips the outer model's own no_grad, and compiled
-        # MoE kernels with out= reductions refuse to run under autograd.
-        return torch.no_grad()
+        # MoE kernels with out= reductions refuse to run under autograd. A runner built under
+        # inference mode keeps to it: its static buffers are inference tensors, which only inference
+        # mode may update in place ("Inplace update to inference tensor outside InferenceMode").
+        return torch.inference_mode() if self.built_in_inference_mode else torch.no_grad()
 
     @contextlib.contextmanager
     def patched_forward(self, replacement: Callable[..., Any]) -> Iterator[None]:
@@ -226,11 +249,11 @@ class LayerStackRunner:
         """Cut per-token outputs (leading dimension ``bucket``) back to the real ``num_tokens``."""
         if num_tokens == bucket:
             return output
-        return _map_tensors(output, lambda t: t[:num_tokens] if t.dim() and t.shape[0] == bucket else t)
+        return map_tensors(output, lambda t: t[:num_tokens] if t.dim() and t.shape[0] == bucket else t)
 
     def hand_out(self, output: Any) -> Any:
         # Copies: outputs may alias the graph's static buffers, which the next replay overwrites.
-        return _map_tensors(output, lambda t: t.detach().clone())
+        return map_tensors(output, lambda t: t.detach().clone())
 
     @contextlib.contextmanager
     def record_layers(self, static: StaticInputs) -> Iterator[None]:
@@ -308,7 +331,7 @@ class LayerStackRunner:
         def own(value: Any) -> Any:
             if value is dummy:
                 return dummy
-            return _map_tensors(value, torch.Tensor.clone) if isinstance(value, (torch.Tensor, dict, list, tuple)) \
+            return map_tensors(value, torch.Tensor.clone) if isinstance(value, (torch.Tensor, dict, list, tuple)) \
                 else value
 
         static_kwargs = {key: own(value) for key, value in kwargs.items()}
@@ -371,7 +394,11 @@ class LayerStackRunner:
             batch = batch.padded_to(rows)
         with self.autograd_off():
             output = self.model(batch.input_ids, batch.positions, batch)
-        return self.slice_output(output, bucket=rows, num_tokens=batch.num_tokens)
+        output = self.slice_output(output, bucket=rows, num_tokens=batch.num_tokens)
+        if self.built_in_inference_mode and not torch.is_inference_mode_enabled():
+            # Made in inference mode: a caller outside it could not update them in place (samplers do).
+            output = self.hand_out(output)
+        return output
 
     def replay(self, batch: ForwardBatch) -> Any:
         """Replay ``batch`` through its bucket's graph; raises rather than running eagerly."""

@@ -30,6 +30,7 @@ from harness.models import build_model, packed_causal_attention
 from harness.models.tensor_parallel import shard_model
 from harness.rank_pool import RankContext
 from harness.runner.cases import CONFIG, SEED, eager, eager_padded
+from harness.runner.runner import map_tensors
 
 __all__ = ["TP_BUCKETS", "TPSetup", "Composition", "BatchResult", "expected_rows", "expected_bucket",
            "run_compositions", "capture_plan", "raise_in_replay", "rank_model"]
@@ -120,15 +121,7 @@ class BatchResult:
 
 
 def _to_cpu(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu()
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return dataclasses.replace(value, **{f.name: _to_cpu(getattr(value, f.name)) for f in dataclasses.fields(value)})
-    if isinstance(value, (list, tuple)):
-        return type(value)(_to_cpu(v) for v in value)
-    if isinstance(value, dict):
-        return {k: _to_cpu(v) for k, v in value.items()}
-    return value
+    return map_tensors(value, lambda tensor: tensor.detach().cpu())
 
 
 def rank_model(context: RankContext, setup: TPSetup) -> tuple[torch.nn.Module, torch.nn.Module, Any]:

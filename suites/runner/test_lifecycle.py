@@ -136,3 +136,30 @@ def test_a_batch_arriving_padded_between_buckets_replays_in_the_bucket_holding_i
     # The oracle: eager at the replay's shapes (bucket 8, from the batch's own 5 rows), cut to the real tokens.
     assert_equivalent(actual, eager_padded(model, batch, 8), exact=exact_comparison(torch.float32),
                       context=failure_context(model="dense", seed=31, batch=batch.describe()))
+
+
+MODES = {"grad": torch.enable_grad, "no_grad": torch.no_grad, "inference": torch.inference_mode}
+
+
+@pytest.mark.parametrize("built_in", list(MODES))
+def test_the_callers_inference_mode_at_construction_and_at_every_call(build_runner, exact_comparison,
+                                                                      failure_context, device, built_in):
+    """Engines build runners and serve under ``torch.inference_mode()`` or ``no_grad``, not always the same: a
+    runner built in one works in each. Outputs equal eager and carry no autograd history; a caller outside
+    inference mode gets normal tensors, which it may update in place (samplers scale logits in place)."""
+    model = build_model("dense", seed=SEED, device=device)
+    with MODES[built_in]():
+        runner = build_runner(model, buckets=(4, 8))
+    for call_in, mode in MODES.items():
+        for lengths, replayed in (((3, 5), True), ((6, 4), False)):  # bucket 8, and past the largest bucket
+            batch = _batch(device, lengths=lengths, seed=len(call_in))
+            what = f"built under {built_in}, called under {call_in}: {batch.describe()}"
+            with mode():
+                output = runner.run(batch)
+            outputs = [output.next_token_logits, output.hidden_states]
+            assert not any(t.requires_grad or t.grad_fn is not None for t in outputs), f"{what}: autograd history"
+            if call_in != "inference":
+                assert not any(t.is_inference() for t in outputs), f"{what}: inference tensors handed out"
+            expected = eager_padded(model, batch, 8) if replayed else eager_padded(model, batch, batch.num_tokens)
+            assert_equivalent(output, expected, exact=exact_comparison(torch.float32),
+                              context=failure_context(model="dense", call=what, replayed=replayed))

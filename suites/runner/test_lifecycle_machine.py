@@ -4,13 +4,15 @@ Rules, in any order: batches through ``run`` and ``replay`` (every bucket, exact
 largest bucket, arriving pre-padded, one or many requests, every hidden mode, ``all_logits``), in
 both grad modes; Exception, BaseException and KeyboardInterrupt raised from the outer forward and
 from an eager break; ``run``/``replay`` called from inside a replay (from the attention break), at
-the outer bucket's size too; a second instance of the model class running eagerly inside a replay.
-Each machine starts from a model whose layer module may already carry an instance-level ``forward``
-wrapper and a forward hook. Machines: a model whose discovery finds the stack, and one whose
+the outer bucket's size too; a second instance of the model class running eagerly inside a replay;
+between calls, an instance-level ``forward`` wrapper installed on the layer module or taken off it (as
+profilers and adapters do), and the weights updated in place (an RL weight sync, a LoRA swap). Each
+machine starts from a model whose layer module may already carry such a wrapper and a forward hook. Machines: a model whose discovery finds the stack, and one whose
 discovery fell back (its graph is the whole model).
 
-After every step: every output ever handed out still equals its eager value; the layer module's
-instance and class ``__dict__`` are exactly what they were before the runner existed; no forward
+After every step: every output ever handed out still equals its eager value (each call's with the
+weights of its time); the layer module's instance and class ``__dict__`` are exactly what the user last
+left there (before the runner existed, or after their latest wrapper change); no forward
 context is published; no output has a ``grad_fn``; the counters add up; the runner still replays.
 """
 
@@ -65,6 +67,16 @@ class _Subject:
     instance_dict: dict[str, Any]
     class_dict: dict[str, Any]
     runner: Any
+    weights: dict[str, torch.Tensor]  # the parameters as built, put back after each example
+
+    def reset(self) -> None:
+        """Undo what an example's rules changed on the cached model: its weights and the layer's forward."""
+        with torch.no_grad():
+            for name, parameter in self.model.named_parameters():
+                parameter.copy_(self.weights[name])
+        self.layer.__dict__.pop("forward", None)
+        if "forward" in self.instance_dict:
+            self.layer.forward = self.instance_dict["forward"]
 
 
 def _build_subject(kind: str, wrapper: bool, hook: bool, build_runner: Callable[..., Any],
@@ -106,14 +118,16 @@ def _build_subject(kind: str, wrapper: bool, hook: bool, build_runner: Callable[
         warnings.simplefilter("ignore")
         runner = build_runner(model, buckets=BUCKETS)
     twin = build_model(name, seed=SEED + 1, device=device)
-    return _Subject(model, twin, layer, hooks, instance_dict, class_dict, runner)
+    weights = {name: parameter.detach().clone() for name, parameter in model.named_parameters()}
+    return _Subject(model, twin, layer, hooks, instance_dict, class_dict, runner, weights)
 
 
 def _same_dict(now: dict[str, Any], before: dict[str, Any], what: str) -> None:
     added, removed = sorted(set(now) - set(before)), sorted(set(before) - set(now))
     changed = sorted(k for k in set(now) & set(before) if now[k] is not before[k])
     assert not (added or removed or changed), (
-        f"{what} differs from before the runner existed: added {added}, removed {removed}, replaced {changed}")
+        f"{what} differs from what the user last left there (before the runner existed, or their latest change): "
+        f"added {added}, removed {removed}, replaced {changed}")
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:
@@ -147,6 +161,7 @@ def _machine(kind: str, subjects: Callable[[bool, bool], _Subject], device: torc
         def build(self, wrapper: bool, hook: bool) -> None:
             self.subject = subjects(wrapper, hook)
             self.runner, self.model = self.subject.runner, self.subject.model
+            self.instance_dict = dict(self.subject.instance_dict)  # what the user last left on the layer
             stats = self.runner.stats
             self.base = (stats.replays, stats.eager_fallbacks, dict(stats.replays_by_bucket))
             self.expected_replays, self.expected_fallbacks = 0, 0
@@ -236,28 +251,33 @@ def _machine(kind: str, subjects: Callable[[bool, bool], _Subject], device: torc
             self.unsure += 1
             self.disturbed = True
 
-        @rule(outer=_lengths(MAX), inner_size=st.sampled_from(["same bucket", "other"]),
-              outer_via=st.sampled_from(["run", "replay"]), inner_via=st.sampled_from(["run", "replay"]))
-        def nested_call(self, outer: list[int], inner_size: str, outer_via: str, inner_via: str) -> None:
+        @rule(outer=_lengths(MAX), outer_via=st.sampled_from(["run", "replay"]),
+              attempts=st.permutations([(via, size) for via in ("run", "replay") for size in ("same bucket", "other")]))
+        def nested_call(self, outer: list[int], outer_via: str, attempts: list[tuple[str, str]]) -> None:
+            # Every kind of nested call in each such step (run and replay, at the outer bucket's size and at
+            # another), in a drawn order: the clause is checked whole however often the rule is drawn.
             outer_batch = self._batch(outer if not fell_back else [sum(outer)], "none", False, 0)
             bucket = select_bucket(outer_batch.num_tokens, BUCKETS)
-            inner_tokens = bucket if inner_size == "same bucket" else (1 if bucket > 2 else MAX)
-            inner_batch = self._batch([inner_tokens], "none", False, 0)
-            seen: list[BaseException | None] = []
+            inner = {size: self._batch([bucket if size == "same bucket" else (1 if bucket > 2 else MAX)], "none",
+                                       False, 0) for size in ("same bucket", "other")}
+            seen: list[tuple[str, BaseException | None]] = []
 
             def nested() -> None:
-                try:
-                    self._call(inner_via, inner_batch)
-                except BaseException as error:  # noqa: BLE001 - recorded and judged below
-                    seen.append(error)
-                else:
-                    seen.append(None)
+                for via, size in attempts:
+                    what = f"{via} of {inner[size].num_tokens} tokens"
+                    try:
+                        self._call(via, inner[size])
+                    except BaseException as error:  # noqa: BLE001 - recorded and judged below
+                        seen.append((what, error))
+                    else:
+                        seen.append((what, None))
 
             output = self._call(outer_via, outer_batch, in_break=nested)
-            what = f"{outer_via} of {outer_batch.describe()} with {inner_via} of {inner_tokens} tokens nested inside"
-            assert len(seen) == 1 and isinstance(seen[0], ReplayError), (
-                f"{what}: the nested call must raise ReplayError (the outer replay's forward is patched and its "
-                f"static buffers are in use), got {seen[0]!r}")
+            what = f"{outer_via} of {outer_batch.describe()} with {[w for w, _ in seen]} nested inside, in that order"
+            wrong = [(inner_what, error) for inner_what, error in seen if not isinstance(error, ReplayError)]
+            assert len(seen) == len(attempts) and not wrong, (
+                f"{what}: every nested call must raise ReplayError (the outer replay's forward is patched and its "
+                f"static buffers are in use); these did not: {wrong}")
             self.expected_replays += 1
             self.disturbed = True
             self._keep(output, outer_batch, what)
@@ -285,6 +305,37 @@ def _machine(kind: str, subjects: Callable[[bool, bool], _Subject], device: torc
             self.expected_replays += 1
             self._keep(output, batch, what)
 
+        @rule(install=st.booleans())
+        def change_forward_wrapper(self, install: bool) -> None:
+            # Between calls the user wraps the layer's forward (a profiler) or takes the wrapper off: the runner
+            # puts back what is there at each call, not what it found when it was built.
+            layer, hooks = self.subject.layer, self.subject.hooks
+            if install:
+                inner = layer.forward
+
+                def counting_forward(*args: Any, **kwargs: Any) -> Any:
+                    hooks.wrapper_calls += 1
+                    return inner(*args, **kwargs)
+
+                layer.forward = counting_forward
+            else:
+                layer.__dict__.pop("forward", None)
+            self.instance_dict = dict(layer.__dict__)
+
+        @rule(seed=st.integers(0, 2**16))
+        def update_weights_in_place(self, seed: int) -> None:
+            # An RL weight sync or a LoRA swap writes new values into the parameters, and the graphs are not
+            # captured again: replays must read the parameters themselves.
+            generator = torch.Generator().manual_seed(seed)
+            with torch.no_grad():
+                for name, parameter in self.model.named_parameters():
+                    noise = torch.randn(parameter.shape, generator=generator).to(parameter.device, parameter.dtype)
+                    parameter.copy_(self.subject.weights[name] * (1 + 0.1 * noise))
+
+        def teardown(self) -> None:
+            if hasattr(self, "subject"):
+                self.subject.reset()
+
         # -- invariants -----------------------------------------------------------------------
 
         @invariant()
@@ -297,7 +348,7 @@ def _machine(kind: str, subjects: Callable[[bool, bool], _Subject], device: torc
         @invariant()
         def layer_module_is_as_before(self) -> None:
             layer = self.subject.layer
-            _same_dict(layer.__dict__, self.subject.instance_dict, f"the {type(layer).__name__} instance's __dict__")
+            _same_dict(layer.__dict__, self.instance_dict, f"the {type(layer).__name__} instance's __dict__")
             _same_dict(dict(type(layer).__dict__), self.subject.class_dict, f"{type(layer).__name__}.__dict__")
 
         @invariant()

@@ -44,7 +44,7 @@ from harness._fork_server import available as fork_server_available
 from harness.devices import use_one_compile_worker
 
 __all__ = ["Outcome", "HINTS_PATH", "default_jobs", "run_one", "run_references", "run_selfcheck", "judge", "format_matrix", "write_json",
-           "read_hints", "write_hints", "child_environment", "fork_server_wanted", "TEST_SECONDS", "PROCESS_SECONDS"]
+           "read_hints", "hinted_test", "write_hints", "child_environment", "fork_server_wanted", "TEST_SECONDS", "PROCESS_SECONDS"]
 
 _FAILED_LINE = re.compile(r"^(?:FAILED|ERROR) (\S+)", re.MULTILINE)
 # Which test killed which mutant last, per graph backend; relative to the project root.
@@ -106,6 +106,15 @@ def read_hints(root: Path) -> dict[tuple[str, str, str], str]:
         return {}
     entries = json.loads(path.read_text())["kills"]
     return {(e["component"], e["mutant"], e["graph_backend"]): e["killing_test"] for e in entries}
+
+
+def hinted_test(hints: dict[tuple[str, str, str], str], component: str, mutant: str, graph_backend: str) -> str:
+    """The test to run first against ``mutant``: the one that killed it last on this backend, else on another
+    (a new mutant recorded only on the emulated backend usually dies of the same test on CUDA, and without
+    a hint it runs its suite in order, up to a rank-pool test); empty without either."""
+    if (component, mutant, graph_backend) in hints:
+        return hints[component, mutant, graph_backend]
+    return next((test for (c, m, _), test in sorted(hints.items()) if (c, m) == (component, mutant)), "")
 
 
 def write_hints(root: Path, outcomes: list[Outcome]) -> None:
@@ -340,7 +349,7 @@ def run_selfcheck(*, components: list[str], graph_backend: str, device: str, job
 
     def submit(pool: concurrent.futures.Executor, impl: impls.Implementation) -> Any:
         return pool.submit(run_one, impl, graph_backend=graph_backend, device=device, root=root, threads=threads,
-                           first=hints.get((impl.component, impl.name, backend), ""), environment=environment,
+                           first=hinted_test(hints, impl.component, impl.name, backend), environment=environment,
                            test_timeout=test_timeout, process_timeout=process_timeout, fork_server=server)
 
     try:

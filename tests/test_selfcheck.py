@@ -55,6 +55,15 @@ def test_hints_round_trip_and_keep_other_backends(tmp_path: Path):
                      ("graphs", "mutant:a", "emulated"): "suites/graphs/t.py::y"}
 
 
+def test_a_mutant_hinted_on_another_backend_runs_that_test_first():
+    hints = {("graphs", "mutant:a", "cuda"): "suites/graphs/t.py::x",
+             ("graphs", "mutant:a", "emulated"): "suites/graphs/t.py::y",
+             ("graphs", "mutant:new", "emulated"): "suites/graphs/t.py::z"}
+    assert selfcheck.hinted_test(hints, "graphs", "mutant:a", "cuda") == "suites/graphs/t.py::x"  # its own first
+    assert selfcheck.hinted_test(hints, "graphs", "mutant:new", "cuda") == "suites/graphs/t.py::z"
+    assert selfcheck.hinted_test(hints, "gather", "mutant:new", "cuda") == ""  # another component's is not its
+
+
 def test_default_jobs_on_the_cpu_is_the_core_count():
     assert selfcheck.default_jobs("cpu") == (os.cpu_count() or 1)
 

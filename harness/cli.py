@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from harness import components, impls, locations, selfcheck
 from harness.devices import DEVICE_CHOICES, resolve_device
@@ -71,7 +73,8 @@ def _selfcheck(arguments: argparse.Namespace) -> int:
                                        device=arguments.device, jobs=arguments.jobs, root=root,
                                        test_timeout=arguments.test_timeout or None,
                                        process_timeout=arguments.process_timeout or None,
-                                       fork_server=not arguments.no_fork_server)
+                                       fork_server=not arguments.no_fork_server,
+                                       on_finished=_progress_printer(started))
     wall = time.perf_counter() - started
     print(selfcheck.format_matrix(outcomes))
     print(f"whole matrix: {wall:.0f} s")
@@ -81,6 +84,20 @@ def _selfcheck(arguments: argparse.Namespace) -> int:
     if not arguments.keep_hints and locations.is_checkout():  # an installed wheel's hints stay as shipped
         selfcheck.write_hints(root, outcomes)
     return 0 if all(o.ok for o in outcomes) and not moved else 1
+
+
+def _progress_printer(started: float):
+    """One stderr line per finished run, as it ends: a matrix stopped at a CI step's limit still says what
+    had finished by when (and so, by absence, what was still running). Verdicts are final in the table."""
+    lock = threading.Lock()
+
+    def finished(outcome: Any) -> None:
+        to_kill = "" if outcome.seconds_to_first_failure is None else f", {outcome.seconds_to_first_failure:.1f} s to kill"
+        with lock:
+            print(f"[{time.perf_counter() - started:5.0f} s] {outcome.component} {outcome.spec}: {outcome.verdict} "
+                  f"({outcome.seconds:.1f} s{to_kill})", file=sys.stderr, flush=True)
+
+    return finished
 
 
 def _kill_matrix_changes(root: Path, outcomes: list) -> list[str]:

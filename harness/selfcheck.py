@@ -36,7 +36,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from harness import components, impls
 from harness._fork_server import ForkServer, ForkServerUnavailable
@@ -318,8 +318,11 @@ def judge(outcomes: list[Outcome]) -> list[Outcome]:
 
 def run_selfcheck(*, components: list[str], graph_backend: str, device: str, jobs: int | None,
                   root: Path, test_timeout: float | None = TEST_SECONDS,
-                  process_timeout: float | None = PROCESS_SECONDS, fork_server: bool = True) -> list[Outcome]:
+                  process_timeout: float | None = PROCESS_SECONDS, fork_server: bool = True,
+                  on_finished: Callable[[Outcome], None] | None = None) -> list[Outcome]:
     """The reference and every mutant of each component, ``jobs`` processes at once (limits: :func:`run_one`).
+    ``on_finished`` is called with each run's outcome as it ends, before judging (from a worker thread): a
+    run stopped from outside still shows what had finished.
 
     With ``fork_server`` (and where the platform forks, and ``HARNESS_FORK_SERVER`` is not ``0``), the
     mutants' children are forked from one warm process that has imported the libraries they all need
@@ -347,10 +350,22 @@ def run_selfcheck(*, components: list[str], graph_backend: str, device: str, job
     environment = child_environment(threads=threads)
     server = ForkServer(environment=environment, cwd=root) if mutants and fork_server_wanted(fork_server) else None
 
+    def announce(done: concurrent.futures.Future) -> None:
+        if on_finished is None or done.exception() is not None:  # an exception surfaces from result() below
+            return
+        result = done.result()  # one mutant's outcome, or the references' list
+        for outcome in result if isinstance(result, list) else [result]:
+            on_finished(outcome)
+
+    def reported(future: concurrent.futures.Future) -> concurrent.futures.Future:
+        future.add_done_callback(announce)
+        return future
+
     def submit(pool: concurrent.futures.Executor, impl: impls.Implementation) -> Any:
-        return pool.submit(run_one, impl, graph_backend=graph_backend, device=device, root=root, threads=threads,
-                           first=hinted_test(hints, impl.component, impl.name, backend), environment=environment,
-                           test_timeout=test_timeout, process_timeout=process_timeout, fork_server=server)
+        return reported(pool.submit(
+            run_one, impl, graph_backend=graph_backend, device=device, root=root, threads=threads,
+            first=hinted_test(hints, impl.component, impl.name, backend), environment=environment,
+            test_timeout=test_timeout, process_timeout=process_timeout, fork_server=server))
 
     try:
         if not beside:
@@ -361,10 +376,10 @@ def run_selfcheck(*, components: list[str], graph_backend: str, device: str, job
         # The references as one session over all their workers, beside the mutants' slots.
         with concurrent.futures.ThreadPoolExecutor(max_workers=1) as reference_pool, \
                 concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as mutant_pool:
-            reference_run = reference_pool.submit(
+            reference_run = reported(reference_pool.submit(
                 run_references, references, workers=len(references) * reference_workers(),
                 graph_backend=graph_backend, device=device, root=root, environment=environment,
-                test_timeout=test_timeout, process_timeout=process_timeout)
+                test_timeout=test_timeout, process_timeout=process_timeout))
             futures = [submit(mutant_pool, impl) for impl in mutants]
             return judge(reference_run.result() + [future.result() for future in futures]) + skipped
     finally:

@@ -193,10 +193,14 @@ def test_references_share_one_session_beside_the_mutants(tmp_path: Path, monkeyp
     monkeypatch.setattr(selfcheck, "reference_workers", lambda: 3)
     monkeypatch.setattr(selfcheck, "run_references", fake_run_references)
     monkeypatch.setattr(selfcheck, "run_one", fake_run_one)
+    finished = []
     outcomes = selfcheck.run_selfcheck(components=["graphs", "gather"], graph_backend="emulated", device="cpu",
                                        jobs=1, root=tmp_path, fork_server=False,
-                                       test_timeout=None, process_timeout=1)
+                                       test_timeout=None, process_timeout=1, on_finished=finished.append)
     assert sessions == [["graphs", "gather", "workers=6"]]
+    # Every run is announced as it ends, the references one by one: a matrix stopped from outside says what ended.
+    assert sorted((o.component, o.spec) for o in finished) == sorted(
+        (o.component, o.spec) for o in outcomes if o.verdict != "skipped")
     assert [o.component for o in outcomes if o.kind == "reference"] == ["graphs", "gather"]
     # Every mutant judged here went through run_one (the cuda-only ones are skipped on this backend).
     assert {o.verdict for o in outcomes if o.kind == "mutant"} == {"killed", "skipped"}

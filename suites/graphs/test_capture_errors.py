@@ -41,6 +41,20 @@ def test_host_sync_or_data_dependent_op_fails_capture(graph_capturer, make_tenso
     _assert_capture_usable_afterwards(graph_capturer, make_tensor)
 
 
+def test_a_device_side_assert_is_captured_and_replayed(graph_capturer, make_tensor):
+    # torch._assert_async checks on the device, without the host: CUDA captures it (engines use it for
+    # bounds checks inside graphs), so a capturer must not refuse it as it refuses a host sync.
+    x = make_tensor(16, seed=4)
+
+    def program():
+        torch._assert_async((x == x).any())  # true for any finite values
+        return x * 2
+
+    graph = graph_capturer.capture(program)
+    x.copy_(make_tensor(16, seed=5))
+    assert_equivalent(graph.replay(), x * 2, exact=True)
+
+
 def test_copy_to_host_fails_capture(graph_capturer, make_tensor, device):
     if device.type == "cpu":
         pytest.skip("tensors already live on the host: there is no device-to-host copy to refuse")

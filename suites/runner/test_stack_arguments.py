@@ -4,8 +4,10 @@ The runner copies the live arguments of the stack's call into the static ones; e
 wrongly freeze changes here from call to call, each on a model whose outer forward passes it the way
 engines do:
 
-* ``shifted-positions``: the outer model offsets the positions it passes (OPT's learned positions): the
-  stack's arguments are the call's, not the batch's fields.
+* ``shifted-positions``: the outer model offsets the positions it passes, and the stack adds a learned
+  table of absolute positions (OPT): the stack's arguments are the call's, not the batch's fields. The
+  table matters: rotary attention sees only the distance between positions, so a shift of every position
+  changes a rotary stack's output by rounding alone, which a tolerance comparison (CUDA) cannot see.
 * ``deepstack-list``: a keyword holding a list of per-layer tensors (Qwen3-VL's DeepStack embeddings):
   container members are inputs too.
 * ``optional-embeds``: ``input_embeds`` is ``None`` for text-only batches (the dummy capture batch among
@@ -49,6 +51,21 @@ class _ShiftedPositionsLM(CausalLM):
     def forward(self, input_ids, positions, batch, input_embeds=None):
         with forward_context(batch):
             return self.logits_processor(self.model(input_ids, positions + self.offset, batch, input_embeds), batch)
+
+
+class _LearnedPositionsStack(EngineModel):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__(config)
+        # Every position a call can pass (a request holds at most the largest bucket's tokens), shifted.
+        table = torch.randn(BUCKETS[-1] + _ShiftedPositionsLM.offset, config.hidden_size,
+                            generator=torch.Generator().manual_seed(SEED))
+        self.embed_positions = torch.nn.Embedding.from_pretrained(table)
+
+    def forward(self, input_ids, positions, batch, input_embeds=None):
+        hidden = self.embed(input_ids, input_embeds) + self.embed_positions(positions)
+        for layer in self.decoder_layers:
+            hidden = layer(positions, hidden)
+        return self.norm(hidden)
 
 
 class _DeepStack(EngineModel):
@@ -117,7 +134,7 @@ class _AuxHiddenLM(CausalLM):
 
 
 MODELS = {
-    "shifted-positions": lambda: _ShiftedPositionsLM(CONFIG),
+    "shifted-positions": lambda: _ShiftedPositionsLM(CONFIG, _LearnedPositionsStack(CONFIG)),
     "deepstack-list": lambda: _DeepStackListLM(CONFIG, _DeepStack(CONFIG)),
     "optional-embeds": lambda: _OptionalEmbedsLM(CONFIG),
     "draft-step": lambda: _DraftStepLM(CONFIG, _EarlyExitStack(CONFIG)),
@@ -126,10 +143,10 @@ MODELS = {
 
 
 def _build(name: str, device: torch.device) -> torch.nn.Module:
-    # The zoo's dense weights (same parameter names), in eval mode without grad.
+    # The zoo's dense weights (same parameter names; a stack's own extra tables kept), in eval mode without grad.
     reference = build_model("dense", seed=SEED, device=device)
     model = MODELS[name]().to(device)
-    model.load_state_dict(reference.state_dict())
+    model.load_state_dict({**model.state_dict(), **reference.state_dict()})
     return model.eval().requires_grad_(False)
 
 

@@ -84,6 +84,17 @@ def available() -> bool:
     return hasattr(os, "fork") and hasattr(os, "setsid") and hasattr(os, "killpg")
 
 
+def lower_priority(pid: int, niceness: int) -> None:
+    """Add ``niceness`` to the nice value of the just-started process ``pid``, which its later threads,
+    forks and children inherit; where the platform cannot, or the process is gone, it runs as it is."""
+    if niceness <= 0 or not hasattr(os, "setpriority"):
+        return
+    try:
+        os.setpriority(os.PRIO_PROCESS, pid, min(19, os.getpriority(os.PRIO_PROCESS, pid) + niceness))
+    except OSError:
+        pass
+
+
 class ForkServerUnavailable(RuntimeError):
     """The server cannot run this request (it refused to start, died, or does not serve this environment);
     the message says why, for the matrix's note. The caller runs a plain process instead."""
@@ -429,7 +440,9 @@ class ForkServer:
     START_SECONDS = 600.0  # the imports take seconds; a loaded machine, many more
     GRACE_SECONDS = 60.0  # past a run's own limit, a server that has not answered is taken for dead
 
-    def __init__(self, *, environment: dict[str, str], cwd: Path, preload: Sequence[str] = PRELOAD) -> None:
+    def __init__(self, *, environment: dict[str, str], cwd: Path, preload: Sequence[str] = PRELOAD,
+                 niceness: int = 0) -> None:
+        """``niceness``: added to the server's nice value, and so to every child it forks."""
         self.environment = dict(environment)
         self._log = tempfile.TemporaryFile()
         request_read, self._request_write = os.pipe()
@@ -440,6 +453,7 @@ class ForkServer:
                 [sys.executable, "-c", boot, __file__, str(request_read), str(reply_write), json.dumps(list(preload))],
                 cwd=cwd, env=self.environment, stdin=subprocess.DEVNULL, stdout=self._log, stderr=self._log,
                 pass_fds=(request_read, reply_write), start_new_session=True)
+            lower_priority(self._process.pid, niceness)
         finally:
             os.close(request_read)
             os.close(reply_write)

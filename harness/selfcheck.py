@@ -39,12 +39,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 from harness import components, impls
-from harness._fork_server import ForkServer, ForkServerUnavailable
+from harness._fork_server import ForkServer, ForkServerUnavailable, lower_priority
 from harness._fork_server import available as fork_server_available
 from harness.devices import use_one_compile_worker
 
 __all__ = ["Outcome", "HINTS_PATH", "default_jobs", "run_one", "run_references", "run_selfcheck", "judge", "format_matrix", "write_json",
-           "read_hints", "hinted_test", "write_hints", "child_environment", "fork_server_wanted", "TEST_SECONDS", "PROCESS_SECONDS"]
+           "read_hints", "read_slow_kills", "hinted_test", "write_hints", "child_environment", "fork_server_wanted", "TEST_SECONDS", "PROCESS_SECONDS",
+           "SLOW_KILL_SECONDS", "MUTANT_NICENESS"]
 
 _FAILED_LINE = re.compile(r"^(?:FAILED|ERROR) (\S+)", re.MULTILINE)
 # Which test killed which mutant last, per graph backend; relative to the project root.
@@ -57,6 +58,15 @@ PROCESSES_PER_GPU = 8
 # xdist workers. The longest test of the suites takes seconds; a reference's whole suite a few minutes.
 TEST_SECONDS = 300.0
 PROCESS_SECONDS = 1500.0
+# A mutant whose last kill took this long or longer is started before the others: started in registration
+# order, the six slow ones (rank-pool and child-process tests, 21 to 32 s each on the H200) began at 40 s
+# and ended the mutants' share of the matrix at 76 s.
+SLOW_KILL_SECONDS = 10.0
+# Where the references run beside the mutants' slots they are the matrix's longest run (a whole suite each),
+# and the mutants' processes slowed them: 20 processes on 16 cores, 82 s for the 45 s the same tests take
+# alone. The mutants' processes run at this lower CPU priority (a nice value added), so they take the cores
+# the references' session leaves idle.
+MUTANT_NICENESS = 10
 
 
 # A reference runs its whole suite, so the references' session is the longest run of the matrix: where
@@ -99,13 +109,21 @@ def default_jobs(device: str) -> int:
     return cores
 
 
-def read_hints(root: Path) -> dict[tuple[str, str, str], str]:
-    """``(component, mutant spec, graph backend) -> killing test node id`` from the hint file."""
+def _read_entries(root: Path) -> dict[tuple[str, str, str], dict[str, Any]]:
     path = root / HINTS_PATH
     if not path.is_file():
         return {}
-    entries = json.loads(path.read_text())["kills"]
-    return {(e["component"], e["mutant"], e["graph_backend"]): e["killing_test"] for e in entries}
+    return {(e["component"], e["mutant"], e["graph_backend"]): e for e in json.loads(path.read_text())["kills"]}
+
+
+def read_hints(root: Path) -> dict[tuple[str, str, str], str]:
+    """``(component, mutant spec, graph backend) -> killing test node id`` from the hint file."""
+    return {key: entry["killing_test"] for key, entry in _read_entries(root).items()}
+
+
+def read_slow_kills(root: Path) -> set[tuple[str, str, str]]:
+    """The ``(component, mutant spec, graph backend)`` whose last kill took :data:`SLOW_KILL_SECONDS` or more."""
+    return {key for key, entry in _read_entries(root).items() if entry.get("slow")}
 
 
 def hinted_test(hints: dict[tuple[str, str, str], str], component: str, mutant: str, graph_backend: str) -> str:
@@ -118,18 +136,22 @@ def hinted_test(hints: dict[tuple[str, str, str], str], component: str, mutant: 
 
 
 def write_hints(root: Path, outcomes: list[Outcome]) -> None:
-    """Record each killed mutant's killing test; entries of other components and backends are kept."""
-    hints = read_hints(root)
+    """Record each killed mutant's killing test, and whether its kill was slow; entries of other components
+    and backends are kept."""
+    entries = _read_entries(root)
     for outcome in outcomes:
         if outcome.verdict == "killed" and outcome.first_failure:
-            hints[outcome.component, outcome.spec, outcome.graph_backend] = outcome.first_failure
-    kills = [{"component": c, "mutant": m, "graph_backend": b, "killing_test": t}
-             for (c, m, b), t in sorted(hints.items())]
+            key = (outcome.component, outcome.spec, outcome.graph_backend)
+            entries[key] = dict(zip(("component", "mutant", "graph_backend"), key), killing_test=outcome.first_failure)
+            seconds = outcome.seconds if outcome.seconds_to_first_failure is None else outcome.seconds_to_first_failure
+            if seconds >= SLOW_KILL_SECONDS:
+                entries[key]["slow"] = True
     path = root / HINTS_PATH
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"about": "the test that killed each mutant last; selfcheck runs it first and "
-                                         "rewrites this file (review its diff like a golden)",
-                                "kills": kills}, indent=2) + "\n")
+                                         "rewrites this file (review its diff like a golden); slow: that kill took "
+                                         f"{SLOW_KILL_SECONDS:g} s or more, so selfcheck starts the mutant first",
+                                "kills": [entries[key] for key in sorted(entries)]}, indent=2) + "\n")
 
 
 def _effective_backend(graph_backend: str, device: str) -> str:
@@ -164,20 +186,22 @@ def child_environment(*, threads: int | None = None) -> dict[str, str]:
 def run_one(impl: impls.Implementation, *, graph_backend: str, device: str, root: Path,
             extra_args: list[str] | None = None, threads: int | None = None, first: str = "",
             test_timeout: float | None = TEST_SECONDS, process_timeout: float | None = PROCESS_SECONDS,
-            environment: dict[str, str] | None = None, fork_server: ForkServer | None = None) -> Outcome:
+            environment: dict[str, str] | None = None, fork_server: ForkServer | None = None,
+            niceness: int = 0) -> Outcome:
     """Run ``impl`` against its component's suite in a child pytest process, ``first`` (a node id) first,
     each test under ``test_timeout`` seconds and the process under ``process_timeout`` (None: no limit).
 
     ``environment`` is what the children of one matrix share (default: :func:`child_environment`). A
-    mutant's child is forked from ``fork_server`` where one is given (and serves this run), else started
-    as a plain process; a reference runs as :func:`run_references` runs it."""
+    mutant's child is forked from ``fork_server`` where one is given (and serves this run; it has its own
+    priority), else started as a plain process with ``niceness`` added to its nice value; a reference runs
+    as :func:`run_references` runs it."""
     options: dict[str, Any] = dict(graph_backend=graph_backend, device=device, root=root, extra_args=extra_args,
                                    test_timeout=test_timeout, process_timeout=process_timeout,
                                    environment=environment if environment is not None
                                    else child_environment(threads=threads))
     if impl.kind == "reference":
         return run_references([impl], workers=reference_workers(), **options)[0]
-    (outcome,) = _run_together([impl], first=first, fork_server=fork_server, workers=1, **options)
+    (outcome,) = _run_together([impl], first=first, fork_server=fork_server, workers=1, niceness=niceness, **options)
     return outcome
 
 
@@ -199,7 +223,7 @@ def run_references(references: list[impls.Implementation], *, workers: int, grap
 def _run_together(impl_list: list[impls.Implementation], *, first: str, fork_server: ForkServer | None,
                   workers: int, graph_backend: str, device: str, root: Path, environment: dict[str, str],
                   extra_args: list[str] | None, test_timeout: float | None,
-                  process_timeout: float | None) -> list[Outcome]:
+                  process_timeout: float | None, niceness: int = 0) -> list[Outcome]:
     """One pytest process for ``impl_list`` (one mutant, or references), its outcomes in that order."""
     suites = {impl.component: components.get_component(impl.component).suite for impl in impl_list}
     is_mutant = any(impl.kind != "reference" for impl in impl_list)
@@ -222,7 +246,8 @@ def _run_together(impl_list: list[impls.Implementation], *, first: str, fork_ser
         if not is_mutant:
             environment["HARNESS_SLOWEST_TESTS"] = str(slowest_path)
         returncode, output, seconds, launch = _launch(command, environment, cwd=root, time_limit=process_timeout,
-                                                      scratch=Path(scratch), fork_server=fork_server)
+                                                      scratch=Path(scratch), fork_server=fork_server,
+                                                      niceness=niceness)
         first_failure = json.loads(report_path.read_text()) if report_path.is_file() else None
         slowest = [(nodeid, seconds) for nodeid, seconds in json.loads(slowest_path.read_text())] \
             if slowest_path.is_file() else []
@@ -265,7 +290,7 @@ def _in_suite(nodeid: str, suite: str) -> bool:
 
 
 def _launch(command: list[str], environment: dict[str, str], *, cwd: Path, time_limit: float | None,
-            scratch: Path, fork_server: ForkServer | None) -> tuple[int | None, str, float, str]:
+            scratch: Path, fork_server: ForkServer | None, niceness: int = 0) -> tuple[int | None, str, float, str]:
     """Start one run and wait for it: from ``fork_server`` where it serves the run, else as a plain process.
     Returns the exit status (None: stopped at ``time_limit``), stdout then stderr, the seconds it took, and
     how it was started ("fork server", "process", or "process (why the fork server did not run it)")."""
@@ -287,6 +312,7 @@ def _launch(command: list[str], environment: dict[str, str], *, cwd: Path, time_
     started = time.perf_counter()
     process = subprocess.Popen(command, cwd=cwd, env=environment, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+    lower_priority(process.pid, niceness)
     try:
         stdout_text, stderr_text = process.communicate(timeout=time_limit)
         returncode: int | None = process.returncode
@@ -326,10 +352,12 @@ def run_selfcheck(*, components: list[str], graph_backend: str, device: str, job
 
     With ``fork_server`` (and where the platform forks, and ``HARNESS_FORK_SERVER`` is not ``0``), the
     mutants' children are forked from one warm process that has imported the libraries they all need
-    (:mod:`harness._fork_server`); the references always start as plain processes."""
+    (:mod:`harness._fork_server`); the references always start as plain processes. Mutants whose last
+    kill was slow (:data:`SLOW_KILL_SECONDS`, from the hint file) start first; where the references run
+    beside the mutants' slots, the mutants run at a lower CPU priority (:data:`MUTANT_NICENESS`)."""
     jobs = jobs or default_jobs(device)
     backend = _effective_backend(graph_backend, device)
-    hints = read_hints(root)
+    hints, slow = read_hints(root), read_slow_kills(root)
     references, mutants, skipped = [], [], []
     for component in components:
         registered = impls.implementations(component)
@@ -339,16 +367,20 @@ def run_selfcheck(*, components: list[str], graph_backend: str, device: str, job
                             f"not judged on {backend}: judged on {', '.join(sorted(impl.backends))} only", 0.0, "",
                             impl.bug, None, backend)
                     for impl in registered.values() if impl.kind == "mutant" and not impl.judged_on(backend)]
+    # Started slow kills first (else as registered); reported as registered.
+    start_order = sorted(mutants, key=lambda impl: (impl.component, impl.name, backend) not in slow)
     cores = os.cpu_count() or 1
     # Where references are spread over xdist workers they run beside the mutants' slots, not in them:
     # a reference holding a slot for its whole suite left the mutants one slot of four on the H200.
     beside = reference_workers() > 1
     processes = jobs + len(references) * reference_workers() if beside else jobs
+    niceness = MUTANT_NICENESS if beside else 0
     threads = max(1, cores // max(1, processes))
     # One environment for every child, taken once: the server imports under it, and this process's own
     # variables may change meanwhile (torch's inductor sets TORCHINDUCTOR_CACHE_DIR when first asked).
     environment = child_environment(threads=threads)
-    server = ForkServer(environment=environment, cwd=root) if mutants and fork_server_wanted(fork_server) else None
+    server = (ForkServer(environment=environment, cwd=root, niceness=niceness)
+              if mutants and fork_server_wanted(fork_server) else None)
 
     def announce(done: concurrent.futures.Future) -> None:
         if on_finished is None or done.exception() is not None:  # an exception surfaces from result() below
@@ -365,14 +397,15 @@ def run_selfcheck(*, components: list[str], graph_backend: str, device: str, job
         return reported(pool.submit(
             run_one, impl, graph_backend=graph_backend, device=device, root=root, threads=threads,
             first=hinted_test(hints, impl.component, impl.name, backend), environment=environment,
-            test_timeout=test_timeout, process_timeout=process_timeout, fork_server=server))
+            test_timeout=test_timeout, process_timeout=process_timeout, fork_server=server,
+            niceness=niceness if impl.kind == "mutant" else 0))
 
     try:
         if not beside:
             # References run whole suites: start them first, in the same slots, so they do not finish last.
             with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-                futures = [submit(pool, impl) for impl in references + mutants]
-                return judge([future.result() for future in futures]) + skipped
+                futures = {id(impl): submit(pool, impl) for impl in references + start_order}
+                return judge([futures[id(impl)].result() for impl in references + mutants]) + skipped
         # The references as one session over all their workers, beside the mutants' slots.
         with concurrent.futures.ThreadPoolExecutor(max_workers=1) as reference_pool, \
                 concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as mutant_pool:
@@ -380,8 +413,8 @@ def run_selfcheck(*, components: list[str], graph_backend: str, device: str, job
                 run_references, references, workers=len(references) * reference_workers(),
                 graph_backend=graph_backend, device=device, root=root, environment=environment,
                 test_timeout=test_timeout, process_timeout=process_timeout))
-            futures = [submit(mutant_pool, impl) for impl in mutants]
-            return judge(reference_run.result() + [future.result() for future in futures]) + skipped
+            futures = {id(impl): submit(mutant_pool, impl) for impl in start_order}
+            return judge(reference_run.result() + [futures[id(impl)].result() for impl in mutants]) + skipped
     finally:
         if server is not None:
             server.close()

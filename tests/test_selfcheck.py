@@ -55,6 +55,72 @@ def test_hints_round_trip_and_keep_other_backends(tmp_path: Path):
                      ("graphs", "mutant:a", "emulated"): "suites/graphs/t.py::y"}
 
 
+def test_a_slow_kill_is_recorded_and_cleared_by_a_fast_one(tmp_path: Path):
+    def killed(spec: str, seconds_to_kill: float | None, seconds: float = 1.0) -> selfcheck.Outcome:
+        return selfcheck.Outcome("graphs", spec, "mutant", "killed", "suites/graphs/t.py::x", seconds, "", "",
+                                 seconds_to_kill, "cuda")
+
+    slow = selfcheck.SLOW_KILL_SECONDS
+    selfcheck.write_hints(tmp_path, [killed("mutant:slow", slow), killed("mutant:fast", slow - 0.1),
+                                     killed("mutant:untimed", None, seconds=slow + 5)])
+    assert selfcheck.read_slow_kills(tmp_path) == {("graphs", "mutant:slow", "cuda"), ("graphs", "mutant:untimed", "cuda")}
+    selfcheck.write_hints(tmp_path, [killed("mutant:slow", 1.0)])  # the same mutant, killed fast this time
+    assert selfcheck.read_slow_kills(tmp_path) == {("graphs", "mutant:untimed", "cuda")}
+    assert selfcheck.read_hints(tmp_path)["graphs", "mutant:slow", "cuda"] == "suites/graphs/t.py::x"
+
+
+@pytest.mark.parametrize("reference_workers", [1, 3])
+def test_slow_mutants_start_first_and_beside_the_references_at_a_lower_priority(tmp_path: Path, monkeypatch,
+                                                                                 reference_workers: int):
+    """The start order puts last time's slow kills first (a slow kill started late ends the matrix late); the
+    matrix still lists the mutants as registered. Where the references have their own workers, the mutants'
+    processes get :data:`selfcheck.MUTANT_NICENESS`, so the references' session keeps the cores."""
+    registered = [impl for impl in impls.mutants("graphs") if impl.judged_on("emulated")]
+    slow = [registered[len(registered) // 2], registered[-1]]
+    selfcheck.write_hints(tmp_path, [selfcheck.Outcome("graphs", impl.name, "mutant", "killed", "suites/graphs/t.py::x",
+                                                       30.0, "", "", 30.0, "emulated") for impl in slow])
+    started: list[tuple[str, int]] = []
+
+    def fake_run_one(impl, *, niceness: int = 0, **_: object) -> selfcheck.Outcome:
+        started.append((impl.name, niceness))
+        return _run(impl.component, impl.name, impl.kind, "passed" if impl.kind == "reference" else "killed",
+                    "" if impl.kind == "reference" else "suites/graphs/t.py::x")
+
+    def fake_run_references(references, **_: object) -> list[selfcheck.Outcome]:
+        return [_run(reference.component, "reference", "reference", "passed", "") for reference in references]
+
+    monkeypatch.setattr(selfcheck, "reference_workers", lambda: reference_workers)
+    monkeypatch.setattr(selfcheck, "run_references", fake_run_references)
+    monkeypatch.setattr(selfcheck, "run_one", fake_run_one)
+    outcomes = selfcheck.run_selfcheck(components=["graphs"], graph_backend="emulated", device="cpu", jobs=1,
+                                       root=tmp_path, fork_server=False)
+    mutants_started = [(name, niceness) for name, niceness in started if name != "reference"]
+    assert [name for name, _ in mutants_started] == [impl.name for impl in slow + [i for i in registered if i not in slow]]
+    assert [o.spec for o in outcomes if o.kind == "mutant" and o.verdict != "skipped"] == [impl.name for impl in registered]
+    expected_niceness = selfcheck.MUTANT_NICENESS if reference_workers > 1 else 0
+    assert {niceness for _, niceness in mutants_started} == {expected_niceness}
+    if reference_workers == 1:
+        assert ("reference", 0) in started  # a reference in the mutants' slots keeps its priority
+
+
+@pytest.mark.skipif(not hasattr(os, "setpriority"), reason="no process priorities on this platform")
+def test_lower_priority_adds_to_the_nice_value_of_a_process_and_its_children():
+    from harness._fork_server import lower_priority
+
+    own_nice = "import os; print(os.getpriority(os.PRIO_PROCESS, 0))"
+    child = subprocess.Popen([sys.executable, "-c", "import subprocess, sys; sys.stdin.readline(); " + own_nice + "; "
+                              f"subprocess.run([sys.executable, '-c', {own_nice!r}])"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        before = os.getpriority(os.PRIO_PROCESS, child.pid)
+        lower_priority(child.pid, 3)
+        assert os.getpriority(os.PRIO_PROCESS, child.pid) == min(19, before + 3)
+    finally:
+        output, _ = child.communicate("\n", timeout=60)
+    assert output.split() == [str(min(19, before + 3))] * 2, "the process, then the child it started"
+    lower_priority(child.pid, 3)  # a process that has ended: nothing to do, no error
+
+
 def test_a_mutant_hinted_on_another_backend_runs_that_test_first():
     hints = {("graphs", "mutant:a", "cuda"): "suites/graphs/t.py::x",
              ("graphs", "mutant:a", "emulated"): "suites/graphs/t.py::y",

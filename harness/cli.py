@@ -19,9 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from harness import components, impls, locations, selfcheck
-from harness.devices import DEVICE_CHOICES, resolve_device
+from harness.devices import BACKEND_CHOICES, DEVICE_CHOICES, resolve
 from harness.errors import HarnessError
-from harness.graphs import BACKEND_NAMES, get_backend
 
 __all__ = ["main"]
 
@@ -59,9 +58,7 @@ def _list(arguments: argparse.Namespace) -> int:
 
 def _check_device(arguments: argparse.Namespace) -> None:
     """Ask for a GPU once, here, rather than in every child process of the matrix."""
-    device = resolve_device(arguments.device)
-    if arguments.graph_backend == "cuda":
-        get_backend("cuda", device=device if device.type == "cuda" else None)
+    resolve(device=arguments.device, graph_backend=arguments.graph_backend)
 
 
 def _selfcheck(arguments: argparse.Namespace) -> int:
@@ -102,7 +99,7 @@ def _progress_printer(started: float):
 
 def _kill_matrix_changes(root: Path, outcomes: list) -> list[str]:
     """Print how the killing tests differ from the committed kill matrix (the golden)."""
-    from harness import kill_matrix
+    from harness.selfcheck import kill_matrix
 
     moved = kill_matrix.changes(root, outcomes)
     for line in moved:
@@ -117,7 +114,7 @@ def _report(arguments: argparse.Namespace) -> int:
     """Render a --harness-report JSON and/or a selfcheck --json as Markdown (for a CI step summary)."""
     import json
 
-    from harness.report import annotations, format_markdown, write_step_summary
+    from harness.plugin.report import annotations, format_markdown, write_step_summary
 
     def read(path: str | None):
         if not path:
@@ -180,7 +177,7 @@ def main(argv: list[str] | None = None, *, prog: str | None = None) -> int:
     listing.add_argument("--component", action="append", help="limit to this component (repeatable)")
     check = commands.add_parser("selfcheck", help="run every mutant against its suites; fail if one survives")
     check.add_argument("--component", action="append", help="limit to this component (repeatable)")
-    check.add_argument("--graph-backend", choices=BACKEND_NAMES, default="auto")
+    check.add_argument("--graph-backend", choices=BACKEND_CHOICES, default="auto")
     check.add_argument("--device", choices=DEVICE_CHOICES, default="auto")
     check.add_argument("--jobs", type=int, default=None,
                        help="pytest processes at once (default: 8 per GPU on a CUDA device, else the CPU cores)")
@@ -206,13 +203,13 @@ def main(argv: list[str] | None = None, *, prog: str | None = None) -> int:
                          help="print a GitHub error annotation for each failed test in this JUnit XML (repeatable)")
     conform = commands.add_parser(
         "conformance", help="run one component's suite against --impl and report which contract clauses hold",
-        description="One row per contract clause (harness/clauses.py): held, violated (with the first falsifying "
+        description="One row per contract clause (harness/conformance/clauses.py): held, violated (with the first falsifying "
                     "example) or not run; core violations (wrong results) first, then strict ones (what the harness "
                     "requires to raise). Writes Markdown and JSON; exits 1 when a clause is violated.")
     conform.add_argument("--impl", required=True, metavar="COMPONENT=SPEC",
                          help="the implementation: reference, mutant:NAME, an engine adapter (sglang) or pkg.mod:attr")
     conform.add_argument("--device", choices=DEVICE_CHOICES, default="auto")
-    conform.add_argument("--graph-backend", choices=BACKEND_NAMES, default="auto")
+    conform.add_argument("--graph-backend", choices=BACKEND_CHOICES, default="auto")
     conform.add_argument("--jobs", type=int, default=1, help="pytest-xdist workers (default 1: no xdist)")
     conform.add_argument("--hypothesis-profile", default="ci",
                          help="profile of the suite's property tests (default ci: 25 derandomized examples, shrunk)")

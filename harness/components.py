@@ -10,7 +10,7 @@ the harness and every other module may read it):
 * ``validator``: ``validator(candidate, spec, *, smoke=True)`` returns the candidate in the form the
   suites call, or raises :class:`~harness.errors.ImplementationError` saying in one line what is
   wrong: the signature first, then (with ``smoke``, for ``--impl package.module:attribute``) a
-  smoke call on a tiny case (helpers in :mod:`harness.candidates`);
+  smoke call on a tiny case (helpers in :mod:`harness.impls`);
 * ``mutants``: the module holding the component's :class:`~harness.mutants.MutantSet` as ``MUTANTS``;
 * ``suite`` and ``doc``: paths relative to the project root;
 * ``fixture``: the name of the pytest fixture that yields the selected implementation, and

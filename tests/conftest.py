@@ -4,7 +4,7 @@
 pytest-xdist controller too), so a run stopped at its time limit, which never prints its summary, still
 leaves every failure it had seen with its traceback (the GPU check's tests step sets it).
 
-``@pytest.mark.long_running`` (the harness's marker, :mod:`harness._xdist_order`) marks a test that runs a
+``@pytest.mark.long_running`` (the harness's marker, :mod:`harness.plugin.xdist_order`) marks a test that runs a
 whole suite, a benchmark or a chain of child processes (tens of seconds here, more on a GPU runner): it
 starts first, at the head of its own xdist worker's share (the GPU check's tests step had stopped at its
 limit waiting for one started last).
@@ -16,7 +16,7 @@ import os
 
 import pytest
 
-from harness._xdist_order import order_for_workers
+from harness.plugin.xdist_order import order_for_workers
 
 _failure_log: str | None = None
 

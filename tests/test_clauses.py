@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import clauses, components
+from harness import components
+from harness.conformance import clauses
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPONENTS = sorted(clauses.CLAUSES)
@@ -38,7 +39,7 @@ def collected(tmp_path_factory) -> dict[str, dict[str, str | None]]:
     record = tmp_path_factory.mktemp("clauses") / "record.jsonl"
     suites = [components.get_component(c).suite for c in COMPONENTS]
     completed = subprocess.run([sys.executable, "-m", "pytest", *suites, "--collect-only", "-q", "-p", "no:cacheprovider",
-                                "-p", "harness._conformance_plugin"], cwd=ROOT, capture_output=True, text=True,
+                                "-p", "harness.conformance.plugin"], cwd=ROOT, capture_output=True, text=True,
                                env=dict(os.environ, HARNESS_CONFORMANCE_RECORD=str(record)))
     assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-2000:]
     found: dict[str, dict[str, str | None]] = {c: {} for c in COMPONENTS}
@@ -55,7 +56,7 @@ def test_every_test_names_a_clause_and_every_clause_has_a_test(collected, compon
     tests = collected[component]
     assert tests, f"nothing collected from {component}'s suite"
     unnamed = sorted(nodeid for nodeid, clause in tests.items() if clause not in known)
-    assert not unnamed, (f"tests of {component} without a clause of harness/clauses.py (mark them "
+    assert not unnamed, (f"tests of {component} without a clause of harness/conformance/clauses.py (mark them "
                          f"@pytest.mark.clause(ID)): {unnamed[:10]}")
     untested = sorted(known - set(tests.values()))
     assert not untested, f"clauses of {component} that no test checks: {untested}"

@@ -201,13 +201,13 @@ def test_list_shows_every_component_with_reference_oracle_and_mutants(capsys):
 
 def test_every_declared_marker_is_used():
     """A marker means what it says only if tests carry it: none may be declared and unused."""
-    from harness.pytest_plugin import MARKERS
+    from harness.plugin import MARKERS
 
     declared = list(MARKERS)
     assert declared, "the plugin declares no marker"
     sources = "".join(path.read_text() for folder in ("suites", "tests") for path in (ROOT / folder).rglob("*.py"))
     unused = [name for name in declared if f"mark.{name}" not in sources]
-    assert not unused, f"markers declared by harness.pytest_plugin but used by no test: {unused}"
+    assert not unused, f"markers declared by harness.plugin but used by no test: {unused}"
 
 
 def test_selfcheck_reports_a_surviving_mutant(monkeypatch):

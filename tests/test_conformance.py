@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from harness import cli, conformance
-from harness.clauses import CORE, STRICT, Clause
+from harness.conformance.clauses import CORE, STRICT, Clause
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from harness import impls, selfcheck
-from harness._fork_server import PRELOAD, ForkServer, ForkServerUnavailable
+from harness.selfcheck.fork_server import PRELOAD, ForkServer, ForkServerUnavailable
 
 pytestmark = pytest.mark.skipif(not selfcheck.fork_server_available(), reason="no os.fork on this platform")
 
@@ -178,7 +178,7 @@ def test_the_server_survives_its_children(server: ForkServer, root: Path, enviro
 def test_when_the_server_dies_its_run_and_the_rest_start_as_plain_processes(root: Path,
                                                                            environment: dict[str, str]):
     # A small preload: this server is killed at once, its imports need not be the matrix's.
-    with ForkServer(environment=environment, cwd=root, preload=("torch", "pytest", "harness.pytest_plugin")) as server:
+    with ForkServer(environment=environment, cwd=root, preload=("torch", "pytest", "harness.plugin")) as server:
         outcome = _run("kills_the_fork_server", root, environment, server)
         assert outcome.verdict == "killed", outcome  # the plain process's verdict
         assert outcome.launch.startswith("process (the fork server died (exit -9"), outcome.launch
@@ -276,7 +276,7 @@ def test_selfcheck_passes_no_server_when_switched_off(monkeypatch: pytest.Monkey
 
 
 def test_plugins_a_run_blocks_are_not_preloaded(monkeypatch: pytest.MonkeyPatch):
-    from harness._fork_server import _plugin_modules
+    from harness.selfcheck.fork_server import _plugin_modules
 
     assert "xdist.plugin" in _plugin_modules() and "_pytest.python" in _plugin_modules()
     monkeypatch.setenv("PYTEST_ADDOPTS", "-q -p no:xdist -pno:timeout")

@@ -99,7 +99,7 @@ def test_syrupy_exclude_and_matcher_hooks_are_honoured():
 
 _PROJECT_CONFTEST = '''
 import pytest
-pytest_plugins = ["harness.report"]
+pytest_plugins = ["harness.plugin.report"]
 
 @pytest.fixture
 def snapshot(snapshot):
@@ -124,7 +124,7 @@ def project(pytester):
     pytester.mkdir("suites")
     pytester.mkdir("suites/demo")
     (pytester.path / "suites/demo/test_demo.py").write_text(_SUITE)
-    # a harness option in addopts: every run of this project is a harness run (harness.pytest_support.activate)
+    # a harness option in addopts: every run of this project is a harness run (harness.plugin.session.activate)
     pytester.makeini("[pytest]\ntestpaths = suites\naddopts = --device cpu\n")
     return pytester
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness import kill_matrix, selfcheck
+from harness import selfcheck
+from harness.selfcheck import kill_matrix
 from harness.errors import GoldenError
 from harness.selfcheck import Outcome
 

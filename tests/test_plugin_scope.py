@@ -2,9 +2,9 @@
 installed) leaves an engine's own unrelated test runs as they were, and still does everything in a run
 that asks for the harness (a harness option) or collects its suites or fixtures.
 
-Each run is a child pytest in a folder of its own; the plugin is named with ``-p harness.pytest_plugin``
+Each run is a child pytest in a folder of its own; the plugin is named with ``-p harness.plugin``
 (the entry point's name, so it is the same plugin) and, for the run it is compared with, blocked with
-``-p no:harness.pytest_plugin``: the same run as it is where the harness is not installed.
+``-p no:harness.plugin``: the same run as it is where the harness is not installed.
 """
 
 from __future__ import annotations
@@ -84,8 +84,8 @@ def _run(pytester: pytest.Pytester, *args: str) -> tuple[str, dict, list[str]]:
 def test_an_unrelated_run_is_the_same_as_without_the_harness(engine: pytest.Pytester, monkeypatch, ci: str):
     # Under CI hypothesis loads its own "ci" profile, which the harness's profile of that name used to replace.
     monkeypatch.setenv("CI", ci) if ci else monkeypatch.delenv("CI", raising=False)
-    without_output, without, without_files = _run(engine, "-p", "no:harness.pytest_plugin")
-    with_output, observed, files = _run(engine, "-p", "harness.pytest_plugin")
+    without_output, without, without_files = _run(engine, "-p", "no:harness.plugin")
+    with_output, observed, files = _run(engine, "-p", "harness.plugin")
     assert observed == without
     assert with_output == without_output  # no header line, no run report
     assert not re.search(r"^harness: |harness run report", with_output, re.MULTILINE)
@@ -98,14 +98,14 @@ def test_an_unrelated_run_is_the_same_as_without_the_harness(engine: pytest.Pyte
 def test_a_harness_option_activates_everything(engine: pytest.Pytester, monkeypatch):
     """The counterpart of the test above: the same run given one harness option is a harness run."""
     monkeypatch.delenv("CI", raising=False)
-    output, observed, files = _run(engine, "-p", "harness.pytest_plugin", "--device", "cpu",
+    output, observed, files = _run(engine, "-p", "harness.plugin", "--device", "cpu",
                                    "--harness-report", "report.json")
     assert re.search(r"^harness: device=cpu, graph backend=emulated, .*hypothesis profile=dev", output, re.MULTILINE)
     assert "harness run report" in output
     assert observed["threads"] == 1 and observed["profile"] == "dev" and observed["settings"][0] == 5
     assert observed["alarm_handler"] == "harness.timeouts"
     assert "HARNESS_EXPERTS_IMPLEMENTATION" in observed["environment"]
-    assert observed["snapshot_fixture"] == "harness.pytest_support"
+    assert observed["snapshot_fixture"] == "harness.plugin.session"
     assert observed["disable_unused_snapshots"] is True
     assert observed["compile_threads"] == 1  # no pool of compile subprocesses in each of a run's processes
     assert files == ["report.json", "test_engine.py"]
@@ -114,7 +114,7 @@ def test_a_harness_option_activates_everything(engine: pytest.Pytester, monkeypa
 def test_a_test_using_a_harness_fixture_activates_it_during_collection(engine: pytest.Pytester, monkeypatch):
     monkeypatch.delenv("CI", raising=False)
     engine.makepyfile(test_with_fixture="def test_backend(graph_backend):\n    assert graph_backend.name\n")
-    output, observed, _ = _run(engine, "-p", "harness.pytest_plugin")
+    output, observed, _ = _run(engine, "-p", "harness.plugin")
     # announced after collection, where it became known; the engine's own test in the run sees it active
     assert re.search(r"^collected 2 items\nharness: device=cpu, graph backend=emulated", output, re.MULTILINE), output
     assert "harness run report" in output
@@ -122,7 +122,7 @@ def test_a_test_using_a_harness_fixture_activates_it_during_collection(engine: p
 
 
 def test_help_lists_the_options_without_activating(engine: pytest.Pytester):
-    result = engine.runpytest_subprocess("-p", "harness.pytest_plugin", "--help")
+    result = engine.runpytest_subprocess("-p", "harness.plugin", "--help")
     help_text = result.stdout.str()
     for option in ("--device=", "--graph-backend=", "--impl=COMPONENT=SPEC", "--tp=N", "--reproduce-failure=",
                    "--harness-report=PATH", "--startup-timeout=SECONDS", "--experts-implementation="):
@@ -139,7 +139,7 @@ def test_the_suites_activate_it_when_collected(pytester: pytest.Pytester, monkey
     started = pytester.runpytest_subprocess(str(ROOT / "suites" / "graphs" / "test_breaks.py"), "--collect-only",
                                             "-p", "no:cacheprovider", f"--rootdir={ROOT}")
     assert re.search(r"^harness: device=.*hypothesis profile=dev", started.stdout.str(), re.MULTILINE)
-    pytester.makeconftest('from harness.pytest_plugin import collect_suite\n\n'
+    pytester.makeconftest('from harness.plugin import collect_suite\n\n'
                           'pytest_collect_file = collect_suite("graphs")\n')
     # The suite of this checkout (an editable install): collecting it must not need a --confcutdir
     collected = pytester.runpytest_subprocess("--collect-only", "-p", "no:cacheprovider")

@@ -1,4 +1,4 @@
-"""The rank pool (harness.rank_pool) and what runs in it: a rank that raises, hangs or dies fails
+"""The rank pool (harness.distributed.rank_pool) and what runs in it: a rank that raises, hangs or dies fails
 the step within its deadline, naming every rank's fate; the emulated backend replays collectives on
 live values; shard_model refuses what it cannot shard, in one line."""
 
@@ -9,8 +9,8 @@ import time
 import pytest
 import torch
 
-from harness import _rank_pool_checks as checks
-from harness.rank_pool import RankFailure, RankPool
+import rank_pool_checks as checks
+from harness.distributed.rank_pool import RankFailure, RankPool
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +85,7 @@ def test_ranks_exit_when_the_test_process_dies_abruptly():
     import subprocess
     import sys
 
-    code = ("import os\nfrom harness import _rank_pool_checks as checks\nfrom harness.rank_pool import RankPool\n"
+    code = ("import os\nimport rank_pool_checks as checks\nfrom harness.distributed.rank_pool import RankPool\n"
             "pool = RankPool(2)\npool.run('sum', checks.rank_and_sum)\n"
             "print(' '.join(str(p.pid) for p in pool._processes), flush=True)\nos._exit(1)\n")
     completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -10,7 +10,7 @@ import torch
 
 from harness import observations
 from harness.compare import assert_equivalent, tolerance_for
-from harness.report import _WithoutBanner, annotations, format_markdown
+from harness.plugin.report import _WithoutBanner, annotations, format_markdown
 
 pytest_plugins = ["pytester"]
 
@@ -59,7 +59,7 @@ def test_broken():
 
 @pytest.mark.long_running
 def test_report_is_written_as_json_and_merged_across_xdist_workers(pytester):
-    pytester.makeconftest('pytest_plugins = ["harness.report"]\n')
+    pytester.makeconftest('pytest_plugins = ["harness.plugin.report"]\n')
     pytester.mkdir("suites")
     pytester.mkdir("suites/demo")
     (pytester.path / "suites/demo/test_demo.py").write_text(_SUITE)

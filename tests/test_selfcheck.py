@@ -23,7 +23,7 @@ def test_hinted_test_runs_first_and_its_failure_is_timed(tmp_path: Path):
     environment = dict(os.environ, HARNESS_RUN_FIRST="test_two.py::test_second_in_file\n",
                        HARNESS_FIRST_FAILURE=str(report), HARNESS_STARTED_AT=repr(time.time()))
     completed = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
-                                "-p", "harness._selfcheck_plugin", "--rootdir", str(tmp_path), "-c", os.devnull,
+                                "-p", "harness.selfcheck.plugin", "--rootdir", str(tmp_path), "-c", os.devnull,
                                 str(tmp_path)], cwd=tmp_path, env=environment, capture_output=True, text=True)
     assert completed.returncode == 1, completed.stdout + completed.stderr
     record = json.loads(report.read_text())
@@ -37,7 +37,7 @@ def test_without_a_hint_the_suite_order_stands(tmp_path: Path):
     report = tmp_path / "first.json"
     environment = dict(os.environ, HARNESS_RUN_FIRST="", HARNESS_FIRST_FAILURE=str(report))
     subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-p",
-                    "harness._selfcheck_plugin", "--rootdir", str(tmp_path), "-c", os.devnull, str(tmp_path)],
+                    "harness.selfcheck.plugin", "--rootdir", str(tmp_path), "-c", os.devnull, str(tmp_path)],
                    cwd=tmp_path, env=environment, capture_output=True, text=True)
     assert json.loads(report.read_text())["nodeid"] == "test_two.py::test_a"
 
@@ -105,7 +105,7 @@ def test_slow_mutants_start_first_and_beside_the_references_at_a_lower_priority(
 
 @pytest.mark.skipif(not hasattr(os, "setpriority"), reason="no process priorities on this platform")
 def test_lower_priority_adds_to_the_nice_value_of_a_process_and_its_children():
-    from harness._fork_server import lower_priority
+    from harness.selfcheck.fork_server import lower_priority
 
     own_nice = "import os; print(os.getpriority(os.PRIO_PROCESS, 0))"
     child = subprocess.Popen([sys.executable, "-c", "import subprocess, sys; sys.stdin.readline(); " + own_nice + "; "
@@ -166,7 +166,8 @@ def test_a_passing_matrix_reads_n_of_n():
 def test_a_mutant_judged_on_cuda_only_is_skipped_elsewhere_and_says_so(tmp_path: Path, monkeypatch):
     """Mutants declaring ``backends={"cuda"}`` are not run by the emulated selfcheck: their outcome is
     ``skipped``, names the backends that judge them, counts as OK, and moves no kill-matrix entry."""
-    from harness import impls, kill_matrix
+    from harness import impls
+    from harness.selfcheck import kill_matrix
 
     ran: list[str] = []
 

@@ -110,7 +110,7 @@ def test_a_hang_inside_a_given_test_fails_within_its_limit_naming_the_example(sl
 
 def test_a_hang_inside_a_state_machine_names_the_rule(tmp_path: Path):
     (tmp_path / "test_machine.py").write_text(MACHINE)
-    completed = _pytest(str(tmp_path / "test_machine.py"), "-p", "harness.timeout_plugin", "--timeout", "3",
+    completed = _pytest(str(tmp_path / "test_machine.py"), "-p", "harness.plugin.timeouts", "--timeout", "3",
                         "--rootdir", str(tmp_path), "-c", os.devnull, cwd=tmp_path)
     output = completed.stdout + completed.stderr
     assert completed.returncode == 1, output[-3000:]

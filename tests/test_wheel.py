@@ -41,7 +41,7 @@ def broken_gather(indices, topk_p_buf, topk_index_buf, output_tokens_buf, hidden
 '''
 
 # The documented one-file conftest.py that collects the gather suite inside an engine's own tests.
-_ENGINE_CONFTEST = '''from harness.pytest_plugin import collect_suite
+_ENGINE_CONFTEST = '''from harness.plugin import collect_suite
 
 pytest_collect_file = collect_suite("gather")
 '''
@@ -159,7 +159,7 @@ def _check_outside_modules(python: Path, env: dict[str, str], tmp_path: Path) ->
     output = broken.stdout + broken.stderr
     assert broken.returncode == 1, output[-5000:]
     assert "MismatchError" in output and "implementations: {'gather': 'engine_ops:broken_gather'}" in output, output[-5000:]
-    # The reproduce line carries PYTHONPATH and the interpreter (harness.pytest_support.reproduce_command).
+    # The reproduce line carries PYTHONPATH and the interpreter (harness.plugin.failures.reproduce_command).
     reproduce = re.search(r"^-+ reproduce -+\n(.* -m pytest .*)$", output, re.MULTILINE)
     assert reproduce, output[-5000:]
     assert "site-packages/harness/suites/gather/test_" in reproduce[1] and "--impl gather=engine_ops:broken_gather" in reproduce[1]

@@ -1,4 +1,4 @@
-"""The order the harness gives a collection for pytest-xdist's shares (harness/_xdist_order.py): long
+"""The order the harness gives a collection for pytest-xdist's shares (harness/plugin/xdist_order.py): long
 tests at the heads of distinct workers' shares, a same_worker group together at one head, the rest in
 collection order, and nothing moved in a collection without the markers or in a run not the harness's."""
 
@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from harness._xdist_order import order_for_workers
+from harness.plugin.xdist_order import order_for_workers
 
 pytest_plugins = ["pytester"]
 

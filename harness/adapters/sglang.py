@@ -46,7 +46,7 @@ def _import(spec: str, module: str) -> Any:
         raise ImplementationError(f"--impl {spec}: importing SGLang's {module} failed: it imports {error.name!r}, "
                                   f"which is not installed; {_INSTALL}, with its dependencies") from None
     except Exception as error:  # noqa: BLE001 - whatever the engine's import raises, in one line
-        from harness.candidates import describe_exception
+        from harness.impls import describe_exception
 
         raise ImplementationError(f"--impl {spec}: importing SGLang's {module} failed: "
                                   f"{describe_exception(error)}; {_INSTALL}") from None

@@ -30,9 +30,8 @@ from harness import impls, locations
 from harness.bench import baseline as baselines
 from harness.bench.report import check_plot_extra, environment, format_header, make_report, read_json, write_json
 from harness.bench.timing import spin_up
-from harness.devices import DEVICE_CHOICES, resolve_device, use_one_compile_worker
+from harness.devices import BACKEND_CHOICES, DEVICE_CHOICES, resolve, use_one_compile_worker
 from harness.errors import HarnessError, UsageError
-from harness.graphs import BACKEND_NAMES, get_backend
 
 __all__ = ["BENCHMARKS", "build_parser", "main"]
 
@@ -47,7 +46,7 @@ def _shared_options() -> argparse.ArgumentParser:
     shared = argparse.ArgumentParser(add_help=False)
     group = shared.add_argument_group("options of every benchmark")
     group.add_argument("--device", choices=DEVICE_CHOICES, default="auto")
-    group.add_argument("--graph-backend", choices=BACKEND_NAMES, default="auto",
+    group.add_argument("--graph-backend", choices=BACKEND_CHOICES, default="auto",
                        help="auto: cuda on a CUDA device, else emulated (counts only, no times)")
     group.add_argument("--impl", action="append", default=[], metavar="COMPONENT=SPEC",
                        help="the implementation to measure: reference, mutant:NAME or package.module:attribute")
@@ -100,13 +99,6 @@ def _implementations(options: list[str], components: Sequence[str]) -> dict[str,
     return {spec: impls.load(component, spec)}
 
 
-def _backend_name(option: str, device: torch.device) -> str:
-    name = option if option != "auto" else ("cuda" if device.type == "cuda" else "emulated")
-    if name == "cuda" and device.type != "cuda":
-        raise UsageError("--graph-backend cuda needs --device cuda (or auto on a machine with a GPU)")
-    return name
-
-
 def _matching_command(options: argparse.Namespace, baseline: dict[str, Any]) -> Optional[str]:
     """The bench command line that measures what ``baseline`` holds (its benchmark, device class and
     settings), with this run's implementation; None for a baseline this version cannot read back."""
@@ -139,10 +131,10 @@ def _run(options: argparse.Namespace) -> int:
     module = importlib.import_module(BENCHMARKS[options.benchmark])
     if options.repeat is not None and options.repeat < 1:
         raise UsageError(f"--repeat {options.repeat}: need at least one sample")
-    device = resolve_device(options.device)
+    placement = resolve(device=options.device, graph_backend=options.graph_backend)
+    device, backend_name = placement.device, placement.graph_backend
     use_one_compile_worker(os.environ)  # the benchmarks time replays and count compiles; a pool only slows start-up
-    backend_name = _backend_name(options.graph_backend, device)
-    backend = get_backend(backend_name, device=device if device.type == "cuda" else None)
+    backend = placement.backend()
     requested = module.settings_of(options, device=device)
     env = environment(device, backend_name)
     baseline = read_json(locations.resolve_baseline(options.baseline)) if options.baseline else None

@@ -24,7 +24,7 @@ import torch
 from harness import impls
 from harness.bench.report import Figure, Result, Stat, format_stat, plot_speedups
 from harness.bench.timing import synchronize, time_call
-from harness.candidates import describe_exception
+from harness.impls import describe_exception
 from harness.errors import ImplementationError, UsageError
 from harness.gather.accounting import compile_accounting, count_launches
 from harness.gather.cases import BufferSpec, GatherCase

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Optional
 
-from harness.candidates import check_signature, require_callable
+from harness.impls import check_signature, require_callable
 from harness.errors import ImplementationError
 
 __all__ = ["PROMISE_ATTRIBUTE", "validate_gather", "promised_launches"]

@@ -13,6 +13,7 @@ from typing import Any, Callable
 import torch
 
 from harness.errors import UsageError
+from harness.devices import BACKEND_CHOICES
 from harness.graphs._backend import GraphBackend
 from harness.graphs._breakable import (
     Break,
@@ -56,7 +57,7 @@ __all__ = [
     "run_eagerly",
 ]
 
-BACKEND_NAMES = ("auto", "cuda", "emulated")
+BACKEND_NAMES = BACKEND_CHOICES  # one list: harness.devices resolves the options
 
 
 def get_backend(name: str = "auto", *, device: torch.device | str | None = None) -> GraphBackend:

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from harness.candidates import check_signature, describe, require_callable, require_members, smoke_step
+from harness.impls import check_signature, describe, require_callable, require_members, smoke_step
 from harness.graphs._seam import eager_on_graph
 
 __all__ = ["validate_capturer_factory"]

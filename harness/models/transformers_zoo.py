@@ -23,6 +23,7 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
+from harness.devices import EXPERTS_IMPLEMENTATIONS, EXPERTS_VARIABLE, experts_implementation
 from harness.errors import HarnessError, UsageError
 
 __all__ = [
@@ -46,15 +47,6 @@ VOCAB_SIZE = 160
 HIDDEN_SIZE = 32
 NUM_LAYERS = 3  # three, so "a middle layer" exists for divergence localisation
 FAMILIES = ("dense", "gpt-style", "moe", "hybrid", "vlm")
-# How MoE and hybrid stacks run their experts (transformers' ``config._experts_implementation``).
-# ``batched_mm`` first: it is what an engine runs under CUDA graphs. transformers 5.x defaults to
-# ``grouped_mm``, whose fp32 path on CUDA falls back to a host loop that capture refuses (13 of the
-# zoo's 16 MoE and hybrid stacks on the H200), while the CPU has a kernel for it; ``eager`` is the
-# modules' own per-expert loop.
-EXPERTS_IMPLEMENTATIONS = ("batched_mm", "grouped_mm", "eager")
-# The run's choice, in the environment so that child processes (kill matrix, subprocess cases) share it;
-# the pytest option --experts-implementation sets it.
-EXPERTS_VARIABLE = "HARNESS_EXPERTS_IMPLEMENTATION"
 
 
 class ArchitectureUnavailable(HarnessError):
@@ -275,16 +267,6 @@ def text_config_of(model: nn.Module) -> Any:
     config = model.config
     getter = getattr(config, "get_text_config", None)
     return getter() if getter is not None else config
-
-
-def experts_implementation(requested: str | None = None) -> str:
-    """The experts implementation of this run: ``requested``, else the environment's
-    (:data:`EXPERTS_VARIABLE`), else ``batched_mm``; an unknown name is a :class:`UsageError`."""
-    name = requested or os.environ.get(EXPERTS_VARIABLE) or EXPERTS_IMPLEMENTATIONS[0]
-    if name not in EXPERTS_IMPLEMENTATIONS:
-        raise UsageError(f"unknown experts implementation {name!r} (from {'the argument' if requested else EXPERTS_VARIABLE}); "
-                         f"choose one of {', '.join(EXPERTS_IMPLEMENTATIONS)}")
-    return name
 
 
 def _set_experts_implementation(model_class: type, config: Any, name: str) -> str | None:

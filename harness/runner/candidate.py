@@ -13,7 +13,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from harness.candidates import check_signature, describe, require_callable, require_members, smoke_step
+from harness.impls import check_signature, describe, require_callable, require_members, smoke_step
 
 __all__ = ["validate_runner_factory", "RUNNER_MEMBERS", "RUNNER_METHODS"]
 

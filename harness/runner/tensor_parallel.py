@@ -1,4 +1,4 @@
-"""Tensor-parallel runner cases: what each rank of a :class:`~harness.rank_pool.RankPool` runs.
+"""Tensor-parallel runner cases: what each rank of a :class:`~harness.distributed.rank_pool.RankPool` runs.
 
 A case names a setup (:class:`TPSetup`: zoo model, collective mode, implementations, backend,
 buckets) and batch compositions (:class:`Composition`): the same requests on every rank, each rank's
@@ -28,7 +28,7 @@ from harness.errors import BucketError
 from harness.graphs import eager_on_graph, get_backend
 from harness.models import build_model, packed_causal_attention
 from harness.models.tensor_parallel import shard_model
-from harness.rank_pool import RankContext
+from harness.distributed.rank_pool import RankContext
 from harness.runner.cases import CONFIG, SEED, eager, eager_padded
 from harness.runner.runner import map_tensors
 

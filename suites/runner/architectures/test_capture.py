@@ -25,7 +25,8 @@ from harness.models.transformers_zoo import (
     ArchitectureUnavailable,
     experts_implementation,
 )
-from harness.pytest_support import capped_examples, current_hypothesis_profile, session_of
+from harness.plugin.profiles import capped_examples, current_hypothesis_profile
+from harness.plugin.session import session_of
 from harness.runner import ForwardBatch, select_bucket
 from harness.runner.capture_verdicts import (
     COMPARED_CLASSES,

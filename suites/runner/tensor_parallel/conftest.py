@@ -8,7 +8,7 @@ from typing import Callable
 import pytest
 
 from harness.compare import assert_equivalent, bitwise_expected
-from harness.pytest_support import TensorParallelSession, tensor_parallel_session
+from harness.plugin.tensor_parallel import TensorParallelSession, tensor_parallel_session
 from harness.runner.tensor_parallel import BatchResult, Composition, TPSetup, expected_bucket
 
 

@@ -16,8 +16,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from harness.models import ModelConfig
-from harness.pytest_support import capped_examples
-from harness.rank_pool import RankFailure
+from harness.plugin.profiles import capped_examples
+from harness.distributed.rank_pool import RankFailure
 from harness.runner import tensor_parallel as tp_cases
 from harness.runner.tensor_parallel import Composition
 

@@ -107,7 +107,7 @@ CLAUSES: dict[str, tuple[Clause, ...]] = {
 def clauses_of(component: str) -> tuple[Clause, ...]:
     """The clauses of ``component``; :class:`UsageError` where it declares none."""
     if component not in CLAUSES:
-        raise UsageError(f"no contract clauses are declared for {component!r} yet (harness/clauses.py); "
+        raise UsageError(f"no contract clauses are declared for {component!r} yet (harness/conformance/clauses.py); "
                          f"components with a conformance report: {', '.join(CLAUSES)}")
     return CLAUSES[component]
 

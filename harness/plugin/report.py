@@ -1,7 +1,7 @@
 """The run report: what ran, what passed per component, how close results came to their tolerances.
 
-A pytest plugin, loaded by the harness's plugin (:mod:`harness.pytest_plugin`: ``pytest_plugins =
-["harness.report"]``). At
+A pytest plugin, loaded by the harness's plugin (:mod:`harness.plugin`: ``pytest_plugins =
+["harness.plugin.report"]``). At
 the end of a run it prints, and with ``--harness-report PATH`` writes as JSON:
 
 - device, graph backend, torch and transformers versions, the implementations under test;
@@ -13,7 +13,7 @@ the end of a run it prints, and with ``--harness-report PATH`` writes as JSON:
 
 Under pytest-xdist each worker sends its tallies to the controller, which merges them. Nothing of it
 acts (no golden check, no summary, no file) in a run where the harness is not active
-(:mod:`harness.pytest_support`): an engine's own tests.
+(:mod:`harness.plugin.session`): an engine's own tests.
 :func:`format_markdown` renders a report (and a kill matrix) for a CI step summary.
 """
 
@@ -28,23 +28,29 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 from harness import observations
-
-try:
-    from harness import golden
-except ImportError:  # syrupy missing: the suites still run; only golden tests and checks cannot
-    golden = None
-from harness.compare import tolerance_for
 
 __all__ = ["RunReport", "format_text", "format_markdown", "annotations", "write_step_summary"]
 
 _WORKER_KEY = "harness_report"
 
 
+def _golden() -> Any:
+    # torch and syrupy load with the report's first use in an active run, not with the plugin
+    from harness import golden
+
+    return golden
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
-    from harness.pytest_support import add_harness_option
+    from harness.plugin.options import add_harness_option
 
     add_harness_option(
         parser, "--harness-report", metavar="PATH", default=None,
@@ -67,9 +73,9 @@ def _component(nodeid: str) -> str:
 
 def _harness_session(config: pytest.Config) -> Any:
     """What the harness plugin resolved (device, backend, implementations), or None where it is not active."""
-    from harness import pytest_support
+    from harness.plugin import session
 
-    return pytest_support.current_session(config)
+    return session.current_session(config)
 
 
 def _setup(config: pytest.Config) -> dict[str, Any]:
@@ -82,9 +88,9 @@ def _setup(config: pytest.Config) -> dict[str, Any]:
         transformers_version = "not installed"
     return {
         "device": str(device) if device is not None else "unknown",
-        "device_class": golden.device_class(device) if device is not None and golden else str(device),
+        "device_class": _golden().device_class(device) if device is not None else "unknown",
         "graph_backend": getattr(getattr(session, "backend", None), "name", "unknown"),
-        "torch": torch.__version__,
+        "torch": _torch().__version__,
         "transformers": transformers_version,
         "implementations": dict(getattr(session, "impl_specs", {}) or {}) or "reference",
         "hypothesis_profile": _hypothesis_profile(),
@@ -92,7 +98,7 @@ def _setup(config: pytest.Config) -> dict[str, Any]:
 
 
 def _hypothesis_profile() -> str:
-    from harness.pytest_support import current_hypothesis_profile
+    from harness.plugin.profiles import current_hypothesis_profile
 
     return current_hypothesis_profile()
 
@@ -121,9 +127,9 @@ class RunReport:
         class and update mode and forget earlier observations (a previous in-process run's)."""
         if not self.started and _harness_session(self.config) is not None:
             device = _harness_session(self.config).device
-            if golden is not None:
-                golden.configure_goldens(device_class=golden.device_class(device),
-                                         update=bool(self.config.getoption("--snapshot-update", False)))
+            golden = _golden()
+            golden.configure_goldens(device_class=golden.device_class(device),
+                                     update=bool(self.config.getoption("--snapshot-update", False)))
             observations.reset()
             self.started = True
         return self.started
@@ -138,7 +144,7 @@ class RunReport:
                 self.collected.setdefault(module, []).append(name.replace("::", "."))
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
-        if not self._start() or golden is None or (self.is_worker and self.config.workerinput.get("workerid") != "gw0"):
+        if not self._start() or (self.is_worker and self.config.workerinput.get("workerid") != "gw0"):
             return  # every worker collects the same tests; one of them checks
         root = self.config.rootpath
         scopes = []
@@ -150,7 +156,7 @@ class RunReport:
             scopes.append(resolved.relative_to(root).as_posix() or ".")
         if "." in scopes:
             scopes = ["suites"]
-        orphans = golden.find_orphans(root=root, collected=self.collected, scopes=scopes)
+        orphans = _golden().find_orphans(root=root, collected=self.collected, scopes=scopes)
         names = [path.relative_to(root).as_posix() for path in orphans]
         if self.config.getoption("--snapshot-update", False):
             for path in orphans:
@@ -181,7 +187,7 @@ class RunReport:
             if not self.started and self.config.pluginmanager.has_plugin("syrupy"):
                 # workers that activated the harness during their collection: this controller's syrupy
                 # reports on their goldens when the session ends, by the harness's rule too
-                from harness.pytest_support import use_harness_orphan_rule
+                from harness.plugin.session import use_harness_orphan_rule
 
                 use_harness_orphan_rule(self.config)
 
@@ -190,7 +196,7 @@ class RunReport:
         return {
             "setup": _setup(self.config),
             **observations.snapshot(),
-            "drift": [dataclasses.asdict(event) for event in golden.drift_events()] if golden else [],
+            "drift": [dataclasses.asdict(event) for event in _golden().drift_events()],
             "orphans": self.orphans,
             "deleted": self.deleted,
         }
@@ -206,9 +212,11 @@ class RunReport:
         setup = _setup(self.config) if self.started else self.parts[0]["setup"]
         parts = [self._local_part(), *self.parts]
         tallies = observations.merge(parts)
+        from harness.compare import tolerance_for
+
         errors = {}
         for dtype_name, entry in sorted(tallies["errors"].items()):
-            tol = tolerance_for(getattr(torch, dtype_name))
+            tol = tolerance_for(getattr(_torch(), dtype_name))
             errors[dtype_name] = {**entry, "rtol": tol.rtol, "atol": tol.atol}
         root = self.config.rootpath
 

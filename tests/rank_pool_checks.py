@@ -1,4 +1,4 @@
-"""Step functions the harness's own tests run in a :class:`~harness.rank_pool.RankPool` (module-level,
+"""Step functions the harness's own tests run in a :class:`~harness.distributed.rank_pool.RankPool` (module-level,
 so the pool pickles them by name): collectives under the emulated backend, and ranks that hang,
 raise or die."""
 
@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from harness.graphs import GraphCapturer, get_backend
-from harness.rank_pool import RankContext
+from harness.distributed.rank_pool import RankContext
 
 
 def rank_and_sum(context: RankContext) -> tuple[int, float]:

@@ -2,8 +2,8 @@
 
 It runs one component's suite against ``--impl COMPONENT=SPEC`` in a child pytest process (so a
 crashing candidate cannot take the report with it), reads each test's outcome and the clause it
-checks (:mod:`harness._conformance_plugin`), and reports one row per clause of the component's
-contract (:mod:`harness.clauses`): ``held`` (every test of it passed), ``violated`` (with the first
+checks (:mod:`harness.conformance.plugin`), and reports one row per clause of the component's
+contract (:mod:`harness.conformance.clauses`): ``held`` (every test of it passed), ``violated`` (with the first
 falsifying example and the command that reproduces it), or ``not run`` (every test of it skipped,
 with the reason). Core violations (wrong results) are named first, then strict ones (what the
 harness requires to raise). The report is printed, and written as Markdown (for a pull request)
@@ -26,9 +26,9 @@ from typing import Any
 
 import torch
 
-from harness import clauses as _clauses
+from harness.conformance import clauses as _clauses
 from harness import components, impls
-from harness.devices import resolve_device
+from harness.devices import resolve
 from harness.errors import HarnessError
 
 __all__ = ["ClauseResult", "ConformanceReport", "run_conformance", "build_report", "format_text",
@@ -96,12 +96,6 @@ class ConformanceReport:
         return document
 
 
-def _effective_backend(graph_backend: str, device: torch.device) -> str:
-    if graph_backend != "auto":
-        return graph_backend
-    return "cuda" if device.type == "cuda" else "emulated"
-
-
 def _environment(device: torch.device) -> dict[str, str]:
     environment = {"python": sys.version.split()[0], "torch": torch.__version__}
     if device.type == "cuda":
@@ -136,13 +130,13 @@ def run_conformance(*, component: str, spec: str, device: str = "auto", graph_ba
     reference's: every failure is a traceback, every failing property a search)."""
     row = components.get_component(component)
     clause_table = _clauses.clauses_of(component)
-    resolved = resolve_device(device)
-    backend = _effective_backend(graph_backend, resolved)
+    placement = resolve(device=device, graph_backend=graph_backend)
+    resolved, backend = placement.device, placement.graph_backend
     implementation = impls.load(component, spec, graph_backend=backend)  # a bad spec: one line, before pytest
     # --rootdir: node ids relative to the root in an installed wheel too, which has no ini file
     command = [sys.executable, "-m", "pytest", str(root / row.suite), "--rootdir", str(root), "-q", "-rfE",
                "-p", "no:cacheprovider",
-               "-p", "harness._conformance_plugin", "--impl", f"{component}={spec}", "--device", resolved.type,
+               "-p", "harness.conformance.plugin", "--impl", f"{component}={spec}", "--device", resolved.type,
                "--graph-backend", backend, "--hypothesis-profile", hypothesis_profile, *(extra_args or [])]
     if jobs > 1:
         command += ["-n", str(jobs)]
@@ -273,7 +267,7 @@ def format_text(report: ConformanceReport) -> str:
         lines.append("  ".join(cell.ljust(width) for cell, width in zip(row[:4], widths)) + "  " + row[4])
     if report.unclassified:
         lines.append(f"\n{len(report.unclassified)} tests name no clause of {report.component} "
-                     f"(harness/clauses.py): " + ", ".join(report.unclassified[:5]))
+                     f"(harness/conformance/clauses.py): " + ", ".join(report.unclassified[:5]))
     for r in report.results:
         if r.first_failure and r.first_failure.get("reproduce"):
             lines.append(f"\nreproduce {r.clause}: {r.first_failure['reproduce']}")

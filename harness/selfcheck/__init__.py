@@ -3,7 +3,7 @@
 Each run is a separate pytest process (``pytest suites/<component> --impl <component>=<spec> -x``):
 a mutant may corrupt global state or crash the interpreter, and must not take the check with it. A
 mutant's process is forked from a warm server that has imported the libraries every run needs
-(:mod:`harness._fork_server`; off with ``--no-fork-server`` or ``HARNESS_FORK_SERVER=0``), so it starts
+(:mod:`harness.selfcheck.fork_server`; off with ``--no-fork-server`` or ``HARNESS_FORK_SERVER=0``), so it starts
 in a fraction of a second; where the server cannot serve, the run starts as a plain process and the
 matrix says so. The references run whole suites: together, as one pytest session spread over xdist
 workers where the cores allow (xdist balances every suite's tests over all of them), always started as
@@ -39,9 +39,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from harness import components, impls
-from harness._fork_server import ForkServer, ForkServerUnavailable, lower_priority
-from harness._fork_server import available as fork_server_available
-from harness.devices import use_one_compile_worker
+from harness.selfcheck.fork_server import ForkServer, ForkServerUnavailable, lower_priority
+from harness.selfcheck.fork_server import available as fork_server_available
+from harness.devices import resolve, use_one_compile_worker
 
 __all__ = ["Outcome", "HINTS_PATH", "default_jobs", "run_one", "run_references", "run_selfcheck", "judge", "format_matrix", "write_json",
            "read_hints", "read_slow_kills", "hinted_test", "write_hints", "child_environment", "fork_server_wanted", "TEST_SECONDS", "PROCESS_SECONDS",
@@ -54,7 +54,7 @@ HINTS_PATH = Path("golden") / "selfcheck" / "kill_matrix.json"
 # mutant's run is mostly process start-up, imports and capture on the host; eight share an H200 well.
 PROCESSES_PER_GPU = 8
 # Time limits of each child: per test (pytest-timeout's --timeout, which a hang inside a hypothesis test
-# cannot escape: harness.timeout_plugin), and for the whole process, which is then stopped with its
+# cannot escape: harness.plugin.timeouts), and for the whole process, which is then stopped with its
 # xdist workers. The longest test of the suites takes seconds; a reference's whole suite a few minutes.
 TEST_SECONDS = 300.0
 PROCESS_SECONDS = 1500.0
@@ -154,14 +154,6 @@ def write_hints(root: Path, outcomes: list[Outcome]) -> None:
                                 "kills": [entries[key] for key in sorted(entries)]}, indent=2) + "\n")
 
 
-def _effective_backend(graph_backend: str, device: str) -> str:
-    if graph_backend != "auto":
-        return graph_backend
-    import torch
-
-    return "cuda" if device != "cpu" and torch.cuda.is_available() else "emulated"
-
-
 def _stop(process: subprocess.Popen) -> None:
     """Stop a child started in its own session, with everything it started (pytest-xdist workers)."""
     try:
@@ -172,9 +164,9 @@ def _stop(process: subprocess.Popen) -> None:
 
 def child_environment(*, threads: int | None = None) -> dict[str, str]:
     """The environment every child of a run shares (a fork server is started with it); each run adds the
-    variables of :data:`harness._fork_server.PER_RUN_VARIABLES`."""
+    variables of :data:`harness.selfcheck.fork_server.PER_RUN_VARIABLES`."""
     environment = dict(os.environ)
-    environment.setdefault("HYPOTHESIS_PROFILE", "selfcheck")  # ci's examples, no shrinking
+    environment.setdefault("HYPOTHESIS_PROFILE", "ci")  # no shrinking: the first failure is the verdict
     if threads:  # concurrent pytest processes must not each start a full intra-op thread pool
         environment.setdefault("OMP_NUM_THREADS", str(threads))
     # Nor a pool of inductor compile workers each (the fork server imports Inductor before any child's
@@ -231,7 +223,7 @@ def _run_together(impl_list: list[impls.Implementation], *, first: str, fork_ser
     command = [
         # --rootdir: node ids relative to the root (the hints' form) in an installed wheel too, which has no ini file
         sys.executable, "-m", "pytest", *(str(root / suite) for suite in suites.values()), "--rootdir", str(root),
-        *(["-x"] if is_mutant else []), "-q", "-p", "no:cacheprovider", "-p", "harness._selfcheck_plugin", "-rfE",
+        *(["-x"] if is_mutant else []), "-q", "-p", "no:cacheprovider", "-p", "harness.selfcheck.plugin", "-rfE",
         *(argument for impl in impl_list for argument in ("--impl", f"{impl.component}={impl.name}")),
         "--graph-backend", graph_backend, "--device", device,
         *(["--timeout", f"{test_timeout:g}"] if test_timeout else []), *(extra_args or []),
@@ -253,7 +245,7 @@ def _run_together(impl_list: list[impls.Implementation], *, first: str, fork_ser
             if slowest_path.is_file() else []
     listed = _FAILED_LINE.findall(output)
     every_failure = list(dict.fromkeys(([first_failure["nodeid"]] if first_failure else []) + listed))
-    backend = _effective_backend(graph_backend, device)
+    backend = resolve(device=device, graph_backend=graph_backend).graph_backend
     # A failure that lies in none of the session's suites (a crash before any test, a broken plugin)
     # may be any component's: it counts against each of them.
     stray = [nodeid for nodeid in every_failure if not any(_in_suite(nodeid, suite) for suite in suites.values())]
@@ -352,11 +344,13 @@ def run_selfcheck(*, components: list[str], graph_backend: str, device: str, job
 
     With ``fork_server`` (and where the platform forks, and ``HARNESS_FORK_SERVER`` is not ``0``), the
     mutants' children are forked from one warm process that has imported the libraries they all need
-    (:mod:`harness._fork_server`); the references always start as plain processes. Mutants whose last
+    (:mod:`harness.selfcheck.fork_server`); the references always start as plain processes. Mutants whose last
     kill was slow (:data:`SLOW_KILL_SECONDS`, from the hint file) start first; where the references run
     beside the mutants' slots, the mutants run at a lower CPU priority (:data:`MUTANT_NICENESS`)."""
+    placement = resolve(device=device, graph_backend=graph_backend)  # the children get what it resolved to
+    device, graph_backend = placement.device_type, placement.graph_backend
+    backend = graph_backend
     jobs = jobs or default_jobs(device)
-    backend = _effective_backend(graph_backend, device)
     hints, slow = read_hints(root), read_slow_kills(root)
     references, mutants, skipped = [], [], []
     for component in components:

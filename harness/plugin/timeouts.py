@@ -10,8 +10,8 @@ example, which a hang never yields) and where it was stuck; the example's ``@rep
 follows, which the failure's reproduce line turns into ``--reproduce-failure``.
 
 Where pytest-timeout's method is ``thread`` or there is no ``SIGALRM``, pytest-timeout's own timer runs;
-so it does in a run where the harness is not active (an engine's own tests: :mod:`harness.pytest_support`),
-unless this plugin is named on the command line (``-p harness.timeout_plugin``).
+so it does in a run where the harness is not active (an engine's own tests: :mod:`harness.plugin.session`),
+unless this plugin is named on the command line (``-p harness.plugin.timeouts``).
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from typing import Any
 
 import pytest
 
-from harness import pytest_support, timeouts
+from harness import timeouts
+from harness.plugin import session
 
 __all__ = ["describe_hang", "running_example"]
 
@@ -32,7 +33,7 @@ _MAX_ARGUMENT = 200  # characters of one argument's repr in the message
 
 
 def _acts(config: pytest.Config) -> bool:
-    return (pytest_support.current_session(config) is not None
+    return (session.current_session(config) is not None
             or __name__ in (getattr(config.option, "plugins", None) or ()))
 
 

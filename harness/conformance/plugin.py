@@ -1,5 +1,5 @@
 """Pytest plugin loaded into the child process of ``python -m harness conformance``
-(``-p harness._conformance_plugin``).
+(``-p harness.conformance.plugin``).
 
 It gives every collected test the contract clause it checks (its nearest ``clause`` marker: a
 parameter's, the test's, then its module's) as a user property, so the clause travels with each
@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from harness.clauses import MARKER
+from harness.conformance.clauses import MARKER
 
 _RECORD = "HARNESS_CONFORMANCE_RECORD"
 # Where hypothesis's falsifying example starts in a failure (the wording moved between versions),

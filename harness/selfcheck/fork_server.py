@@ -57,8 +57,8 @@ PRELOAD: tuple[str, ...] = (
     "torch._dynamo.testing", "functorch.compile", "torch._inductor.compile_fx", "torch._inductor.codecache",
     "torch._inductor.cpp_builder", "torch.utils.cpp_extension", "sympy.combinatorics",
     "transformers", "numpy", "hypothesis", "hypothesis.stateful", "pytest", "syrupy",
-    "harness", "harness.pytest_plugin", "harness._selfcheck_plugin", "harness.timeout_plugin", "harness.golden",
-    "harness.report", "harness.rank_pool",
+    "harness", "harness.plugin", "harness.selfcheck.plugin", "harness.plugin.timeouts", "harness.golden",
+    "harness.plugin.report", "harness.distributed.rank_pool",
     # every module of these packages: the components, their cases and strategies, the zoo, the mutants
     "harness.graphs.*", "harness.runner.*", "harness.gather.*", "harness.models.*", "harness.mutants.*",
 )

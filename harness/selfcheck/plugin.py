@@ -1,4 +1,4 @@
-"""Pytest plugin loaded into each selfcheck child process (``-p harness._selfcheck_plugin``).
+"""Pytest plugin loaded into each selfcheck child process (``-p harness.selfcheck.plugin``).
 
 It runs the tests named in ``HARNESS_RUN_FIRST`` (one node id a line: the test that killed this
 mutant last time) before the rest of the suite, and writes the first failure, with the seconds since

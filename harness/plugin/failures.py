@@ -1,0 +1,122 @@
+"""What a failed test's report adds: the command that reproduces it from any directory, and how to update a golden."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import sys
+from typing import Any
+
+import pytest
+
+from harness.devices import EXPERTS_IMPLEMENTATIONS, experts_implementation
+from harness.plugin.session import SESSION_KEY, session_of
+
+__all__ = ["annotate_failure", "failure_context", "file_node_id", "reproduce_command"]
+
+
+def reproduce_command(config: pytest.Config, nodeid: str, *, replay: tuple[str, str] | None = None,
+                      seed: str | None = None) -> str:
+    """The command line that reruns test ``nodeid`` as this session ran it, from any directory.
+
+    It starts with ``PYTHONPATH=...`` when that is set and this session's interpreter (``python -m
+    pytest``), names the test by absolute path with ``--rootdir`` (so the root conftest and the pytest
+    options of the project apply wherever it is run), the device, backend and implementations, the
+    hypothesis profile, and, for a hypothesis failure, ``--reproduce-failure VERSION:BLOB`` (replays
+    the falsifying example without the local example database, no search, no shrinking) or the
+    ``--hypothesis-seed`` that found it. ``nodeid`` may start with the test file's absolute path (see
+    :func:`file_node_id`).
+    """
+    from harness.plugin.profiles import current_hypothesis_profile, given_replay
+
+    session = session_of(config)
+    root = config.rootpath
+    path, sep, rest = nodeid.partition("::")
+    # The interpreter that ran this session (its environment has the harness and the implementations),
+    # and PYTHONPATH, through which an outside --impl module may have been found: pasteable in a new shell.
+    prefix = [f"PYTHONPATH={session.pythonpath}"] if session.pythonpath else []
+    parts = [sys.executable, "-m", "pytest", f"{root / path}{sep}{rest}", "--rootdir", str(root),
+             "--device", session.device.type, "--graph-backend", session.backend.name]
+    for component, spec in session.impl_specs.items():
+        parts += ["--impl", f"{component}={spec}"]
+    if config.getoption("--tp", 2) != 2:
+        parts += ["--tp", str(config.getoption("--tp"))]
+    parts += ["--hypothesis-profile", current_hypothesis_profile()]
+    if experts_implementation() != EXPERTS_IMPLEMENTATIONS[0]:
+        parts += ["--experts-implementation", experts_implementation()]
+    seed = seed if seed is not None else config.getoption("hypothesis_seed", None)
+    if seed is not None:
+        parts += ["--hypothesis-seed", str(seed)]
+    replay = replay or given_replay(config)
+    if replay is not None:
+        parts += ["--reproduce-failure", f"{replay[0]}:{replay[1]}"]
+    return " ".join([*map(shlex.quote, prefix), shlex.join(parts)])
+
+
+def failure_context(request: pytest.FixtureRequest, /, **details: Any) -> dict[str, Any]:
+    """Context for :func:`harness.compare.assert_equivalent` failure messages: implementations,
+    backend and ``details`` (seed, shapes, ...); the report adds the command that reproduces it."""
+    session = session_of(request.config)
+    context: dict[str, Any] = {
+        "implementations": dict(session.impl_specs) or "reference",
+        "backend": session.backend.name,
+    }
+    context.update(details)
+    # No command here: it is written once, complete, in the "reproduce" section that annotate_failure
+    # adds to every failed test's report, where hypothesis's falsifying example is known.
+    return context
+
+
+_BLOB = re.compile(r"@reproduce_failure\('(?P<version>[^']+)', b'(?P<blob>[^']+)'\)")
+_SEED = re.compile(r"--hypothesis-seed=(?P<seed>-?\d+)")
+
+
+def _is_golden_mismatch(item: pytest.Item, report: pytest.TestReport) -> bool:
+    """Whether a golden assertion of the test failed (a mismatch or a missing snapshot).
+
+    Asked of syrupy's record of the test's snapshot assertions; the crash message is only a fallback,
+    since its form depends on the verbosity (``assert [+ received] == [- snapshot]`` at ``-vv``,
+    ``AssertionError: assert ...`` below it)."""
+    executions = getattr(getattr(item, "funcargs", {}).get("snapshot"), "executions", None)
+    if isinstance(executions, dict) and executions:
+        return any(not getattr(result, "success", True) for result in executions.values())
+    crash = getattr(report.longrepr, "reprcrash", None)
+    message = (getattr(crash, "message", "") or "").removeprefix("AssertionError: ")
+    return message.startswith("assert") and re.search(r"\bsnapshot\b", message, re.IGNORECASE) is not None
+
+
+def file_node_id(item: pytest.Item) -> str:
+    """The item's node id anchored at its file: the id relative to the rootdir where the file lies in it,
+    else the file's absolute path and the names inside it (an installed wheel's suites are outside the
+    rootdir, and their node ids relative to the folder they were collected from)."""
+    module = item.getparent(pytest.Module)
+    if module is None or item.path.resolve().is_relative_to(item.config.rootpath.resolve()):
+        return item.nodeid
+    return f"{item.path}::{item.nodeid[len(module.nodeid):].lstrip(':')}"
+
+
+def annotate_failure(item: pytest.Item, report: pytest.TestReport) -> None:
+    """Add to a failed test's report the line that reproduces it and, for a golden, how to update it.
+
+    Called from ``pytest_runtest_makereport`` once the report exists, so hypothesis's falsifying
+    example (printed as ``@reproduce_failure`` with ``print_blob``) is known.
+    """
+    if not report.failed or SESSION_KEY not in item.config.stash:
+        return
+    text = str(report.longrepr)
+    blob, seed = _BLOB.search(text), _SEED.search(text)
+    nodeid = file_node_id(item)
+    command = reproduce_command(item.config, nodeid, seed=seed["seed"] if seed else None,
+                                replay=(blob["version"], blob["blob"]) if blob else None)
+    sections = [("reproduce", command)]
+    if report.when == "call" and "snapshot" in getattr(item, "fixturenames", ()) and _is_golden_mismatch(item, report):
+        update = reproduce_command(item.config, nodeid)
+        sections.append(("golden", "the output does not match its golden file under golden/. If the change is "
+                                   f"intended, rewrite the golden with\n  {update} --snapshot-update\n"
+                                   "then review `git diff golden/` and commit the golden with the change; "
+                                   "if not, the implementation changed behaviour."))
+    for title, content in sections:
+        if hasattr(report.longrepr, "addsection"):
+            report.longrepr.addsection(title, content)
+        else:
+            report.sections.append((title, content))

@@ -1,0 +1,173 @@
+"""The harness's activation in a pytest run, and the :class:`HarnessSession` it leaves in ``config.stash``.
+
+The plugin declares its options everywhere; everything else acts only in a run that :func:`activate` s it:
+one given a harness option or a path inside the suites (:func:`wanted_at_start`), or one that collects a suite
+or a test using a harness fixture. Torch and hypothesis load at activation, not before.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from harness import impls, locations
+from harness.devices import EXPERTS_VARIABLE, experts_implementation, resolve, use_one_compile_worker
+from harness.errors import HarnessError, UsageError
+from harness.plugin.options import given_options
+
+if TYPE_CHECKING:
+    import torch
+
+    from harness.graphs import GraphBackend
+
+__all__ = ["HarnessSession", "SESSION_KEY", "activate", "current_session", "in_suites", "session_of",
+           "use_harness_orphan_rule", "uses_harness_fixtures", "wanted_at_start"]
+
+
+@dataclasses.dataclass(frozen=True)
+class HarnessSession:
+    """What the options selected, validated once at start-up: kept in ``config.stash[SESSION_KEY]``."""
+
+    device: torch.device
+    backend: GraphBackend
+    impl_specs: dict[str, str]  # component -> spec, only those given with --impl
+    pythonpath: str | None = None  # PYTHONPATH at start-up, through which an --impl module may be found
+
+
+SESSION_KEY = pytest.StashKey[HarnessSession]()
+
+
+def session_of(config: pytest.Config) -> HarnessSession:
+    """This run's :class:`HarnessSession`, activating the harness if nothing has yet (a harness fixture
+    asked for it)."""
+    return config.stash[SESSION_KEY] if SESSION_KEY in config.stash else activate(config)
+
+
+def current_session(config: pytest.Config) -> HarnessSession | None:
+    """This run's :class:`HarnessSession`, or None where the harness is not active (an unrelated run)."""
+    return config.stash.get(SESSION_KEY, None)
+
+
+def _set_up_xdist_worker() -> None:
+    import torch
+
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if not worker:
+        return
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    # Workers sharing a few cores must not each start a full intra-op thread pool.
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, workers)))
+    if torch.cuda.is_available() and torch.cuda.device_count() > 1:
+        torch.cuda.set_device(int(worker.removeprefix("gw")) % torch.cuda.device_count())
+
+
+def in_suites(path: os.PathLike[str] | str | None) -> bool:
+    """Whether ``path`` lies in the harness's suites (a checkout's ``suites/``, an installed
+    ``harness/suites``)."""
+    if path is None:
+        return False
+    try:
+        return Path(path).resolve().is_relative_to(locations.suites_dir())
+    except HarnessError:
+        return False
+
+
+def wanted_at_start(config: pytest.Config) -> bool:
+    """Whether the run asks for the harness before collection: a harness option is given, or a path
+    argument lies inside the suites (``pytest suites/``, ``--pyargs harness.suites.gather``).
+
+    A run whose arguments merely contain the suites (``pytest .`` in a checkout) activates it when it
+    collects them (:func:`in_suites`), so that a folder pytest does not collect (a virtual
+    environment's ``site-packages``) activates nothing."""
+    if given_options(config):
+        return True
+    pyargs = config.getoption("pyargs", False)
+    arguments = [str(argument).split("::")[0] for argument in config.args]
+    return any(
+        (argument == "harness.suites" or argument.startswith("harness.suites.")) if pyargs and "/" not in argument
+        else in_suites(Path(config.invocation_params.dir) / argument)
+        for argument in arguments)
+
+
+def uses_harness_fixtures(item: pytest.Item) -> bool:
+    """Whether the test uses a fixture of the harness's plugin (``device``, ``gather_function``, ...) rather
+    than a fixture of the same name of its own project."""
+    info = getattr(item, "_fixtureinfo", None)  # pytest's record of the fixtures the item resolved
+    for definitions in getattr(info, "name2fixturedefs", {}).values():
+        module = getattr(getattr(definitions[-1], "func", None), "__module__", "") if definitions else ""
+        if module.startswith("harness.plugin"):
+            return True
+    return False
+
+
+def use_harness_orphan_rule(config: pytest.Config) -> None:
+    """One orphan rule, the harness's (:func:`harness.golden.find_orphans`, in :mod:`harness.plugin.report`): it knows
+    that a test owns all its named goldens, such as the gather's compile accounting for each torch minor
+    version. syrupy's own rule would call the other versions' files unused, fail the run on them and delete
+    them on ``--snapshot-update``: it is switched off (syrupy reads these options when the session ends)."""
+    config.option.disable_unused_snapshots = True
+    config.option.warn_unused_snapshots = True
+
+
+def activate(config: pytest.Config) -> HarnessSession:
+    """Start the harness in this run, once: validate its options (a bad one is a usage error, not a failure
+    in every test), load its hypothesis profile, set torch's threads, syrupy's options, the environment
+    and the ``snapshot`` fixture, and load every ``--impl``. The run report and the time limits act from
+    now on. Called before the suites' modules are imported (their ``@settings`` read the profile)."""
+    if SESSION_KEY in config.stash:
+        return config.stash[SESSION_KEY]
+    import torch
+
+    from harness.plugin import profiles
+
+    _set_up_xdist_worker()
+    try:
+        profiles.load_hypothesis_profile(config)
+        if config.getoption("--reproduce-failure"):
+            profiles.check_reproduce_failure(config.getoption("--reproduce-failure"))
+        if config.getoption("--snapshot-update", False) and not hasattr(config.option, "disable_unused_snapshots"):
+            # syrupy 5 has no switch for its own rule: an update would delete every golden this run does not
+            # use, such as the capture matrix of another device and the compile accounting of other torch minors.
+            raise UsageError("--snapshot-update needs syrupy 6.0 or newer (the installed one has no "
+                             "--snapshot-disable-unused): syrupy 5 deletes every golden the run does not use, such as "
+                             "those recorded on another device or torch version; upgrade it first: "
+                             "pip install 'syrupy>=6'")
+        use_harness_orphan_rule(config)
+        # In the environment, so that child processes (kill matrix, subprocess cases) build the same stacks.
+        os.environ[EXPERTS_VARIABLE] = experts_implementation(config.getoption("--experts-implementation"))
+        placement = resolve(device=config.getoption("--device"), graph_backend=config.getoption("--graph-backend"))
+        if placement.device_type == "cpu":
+            # The suites' tiny models gain nothing from intra-op threads, and idle threads spinning on a shared
+            # CPU cost several times the work. Set before any fixture builds a model.
+            torch.set_num_threads(1)
+        use_one_compile_worker(os.environ)  # in this run's child processes too (xdist workers, ranks, probes)
+        if config.getoption("--tp", 2) < 1:
+            raise UsageError(f"--tp {config.getoption('--tp')}: the number of tensor-parallel ranks must be at least 1")
+        backend = placement.backend()
+        selected = impls.parse_impl_options(config.getoption("--impl"))
+        for component, spec in selected.items():
+            # fail now, with the reason, rather than in each test
+            impls.load(component, spec, graph_backend=backend.name,
+                       time_limit=config.getoption("--startup-timeout") or None)
+    except HarnessError as error:
+        raise pytest.UsageError(str(error)) from None
+    session = config.stash[SESSION_KEY] = HarnessSession(placement.device, backend, selected,
+                                                         os.environ.get("PYTHONPATH") or None)
+    # After every plugin (syrupy among them, in no set order), so that it overrides syrupy's fixture.
+    config.pluginmanager.register(_GoldenSnapshot(), "harness-golden-snapshot")
+    return session
+
+
+class _GoldenSnapshot:
+    @pytest.fixture
+    def snapshot(self, snapshot, request: pytest.FixtureRequest):
+        """Syrupy's snapshot; for the harness's suites, writing their readable JSON goldens (tensors
+        compared within tolerance) in the ``golden/`` folder beside ``suites/``. Other tests of the
+        session (an engine's own) keep syrupy's default."""
+        from harness.golden import GoldenExtension
+
+        return snapshot.use_extension(GoldenExtension) if in_suites(request.path) else snapshot

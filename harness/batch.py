@@ -25,7 +25,8 @@ import contextlib
 import contextvars
 import dataclasses
 import enum
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -75,7 +76,7 @@ class PagedKV:
         pages, size = self.block_tables[request], self.block_size
         return [pages[i // size] * size + i % size for i in range(self.kv_lens[request])]
 
-    def padded_to(self, num_tokens: int) -> "PagedKV":
+    def padded_to(self, num_tokens: int) -> PagedKV:
         extra = num_tokens - self.slot_mapping.shape[0]
         if not extra:
             return self
@@ -155,7 +156,7 @@ class ForwardBatch:
     @classmethod
     def from_lengths(cls, lengths: Sequence[int], *, vocab_size: int, seed: int = 0,
                      device: torch.device | str = "cpu", hidden_mode: HiddenMode | str = HiddenMode.NONE,
-                     all_logits: bool = False, side_inputs: Mapping[str, torch.Tensor] | None = None) -> "ForwardBatch":
+                     all_logits: bool = False, side_inputs: Mapping[str, torch.Tensor] | None = None) -> ForwardBatch:
         """Requests of the given lengths, token ids drawn from ``seed``, positions from 0 in each."""
         lengths = tuple(lengths)
         if not lengths:
@@ -180,7 +181,7 @@ class ForwardBatch:
                    all_logits, dict(side_inputs or {}))
 
     @classmethod
-    def concatenate(cls, batches: Sequence["ForwardBatch"]) -> "ForwardBatch":
+    def concatenate(cls, batches: Sequence[ForwardBatch]) -> ForwardBatch:
         """One batch holding the requests of ``batches`` in order (unpadded), with their tokens and side inputs;
         modes come from the first batch."""
         if not batches or any(batch.num_padding for batch in batches):
@@ -193,14 +194,14 @@ class ForwardBatch:
                    starts, torch.tensor(last, device=first.device), first.hidden_mode, first.all_logits, sides)
 
     @classmethod
-    def dummy(cls, num_tokens: int, *, device: torch.device | str = "cpu") -> "ForwardBatch":
+    def dummy(cls, num_tokens: int, *, device: torch.device | str = "cpu") -> ForwardBatch:
         """One request of ``num_tokens`` zero tokens: what runners capture with."""
         return cls.from_lengths([num_tokens], vocab_size=1, device=device)
 
-    def with_side_inputs(self, **tensors: torch.Tensor) -> "ForwardBatch":
+    def with_side_inputs(self, **tensors: torch.Tensor) -> ForwardBatch:
         return dataclasses.replace(self, side_inputs={**self.side_inputs, **tensors})
 
-    def padded_to(self, num_tokens: int) -> "ForwardBatch":
+    def padded_to(self, num_tokens: int) -> ForwardBatch:
         """This batch with zero tokens appended up to ``num_tokens`` (ids, positions, side inputs)."""
         current = self.input_ids.shape[0]
         if num_tokens < current:

@@ -10,7 +10,8 @@ its index, and the context the caller passed (implementation, seed, shapes, a co
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 

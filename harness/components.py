@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 __all__ = ["Component", "COMPONENTS", "component_names", "get_component", "resolve"]
 

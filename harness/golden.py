@@ -29,8 +29,9 @@ import json
 import math
 import os
 import unicodedata
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any
 
 import torch
 from syrupy.extensions.single_file import SingleFileSnapshotExtension, WriteMode

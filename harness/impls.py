@@ -15,7 +15,8 @@ import importlib
 import inspect
 import os
 import traceback
-from typing import Any, Callable, Iterable, TypeVar
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 from harness import components as _components
 from harness import timeouts

@@ -20,8 +20,8 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable, Iterator
 from types import FrameType
-from typing import Callable, Iterator
 
 __all__ = ["TimeLimitExceeded", "time_limit", "limits_available", "arm", "disarm", "where", "REFIRE_SECONDS"]
 

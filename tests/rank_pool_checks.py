@@ -10,8 +10,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from harness.graphs import GraphCapturer, get_backend
 from harness.distributed.rank_pool import RankContext
+from harness.graphs import GraphCapturer, get_backend
 
 
 def rank_and_sum(context: RankContext) -> tuple[int, float]:

@@ -66,21 +66,19 @@ def test_outside_a_receiver_and_inside_a_break_body_a_break_is_a_plain_call():
 
 def test_the_receiver_is_restored_after_an_exception_and_nesting():
     outer, inner = Recorder(), Recorder()
-    with pytest.raises(ValueError):
-        with receive_breaks(outer):
-            with receive_breaks(inner):
-                attention(torch.ones(1), scale=1.0)
-                assert current_break_receiver() is inner
-            assert current_break_receiver() is outer
-            raise ValueError("boom")
+    with pytest.raises(ValueError), receive_breaks(outer):
+        with receive_breaks(inner):
+            attention(torch.ones(1), scale=1.0)
+            assert current_break_receiver() is inner
+        assert current_break_receiver() is outer
+        raise ValueError("boom")
     assert current_break_receiver() is None
     assert len(inner.calls) == 1 and outer.calls == []
 
 
 def test_a_receiver_without_run_break_is_refused():
-    with pytest.raises(TypeError, match="run_break"):
-        with receive_breaks(object()):  # type: ignore[arg-type]
-            pass
+    with pytest.raises(TypeError, match="run_break"), receive_breaks(object()):  # type: ignore[arg-type]
+        pass
 
 
 def test_the_receiver_is_per_thread():

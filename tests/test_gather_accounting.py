@@ -37,10 +37,9 @@ def test_compile_accounting_counts_graphs_and_breaks():
 def test_hitting_the_recompile_limit_is_an_error_not_a_silent_fallback():
     static = torch.compile(eager_gather, dynamic=False, backend="eager")  # a new graph for every count
     buffers = GatherCase(pool=32, count=0, seed=0).build().buffers
-    with pytest.raises(Exception) as raised:
-        with compile_accounting(recompile_limit=2):
-            for count in range(2, 6):
-                static(torch.arange(count), *buffers)
+    with pytest.raises(Exception) as raised, compile_accounting(recompile_limit=2):
+        for count in range(2, 6):
+            static(torch.arange(count), *buffers)
     assert type(raised.value).__name__ == "FailOnRecompileLimitHit"
 
 

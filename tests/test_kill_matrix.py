@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 
 from harness import selfcheck
-from harness.selfcheck import kill_matrix
 from harness.errors import GoldenError
-from harness.selfcheck import Outcome
+from harness.selfcheck import Outcome, kill_matrix
 
 
 def _outcome(mutant: str, killed_by: str, *, verdict: str = "killed", backend: str = "emulated") -> Outcome:

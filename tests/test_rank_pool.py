@@ -7,9 +7,9 @@ from __future__ import annotations
 import time
 
 import pytest
+import rank_pool_checks as checks
 import torch
 
-import rank_pool_checks as checks
 from harness.distributed.rank_pool import RankFailure, RankPool
 
 

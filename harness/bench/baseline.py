@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from harness.errors import UsageError
 
@@ -75,10 +76,10 @@ class Finding:
     key: str
     kind: str
     verdict: str
-    baseline: Optional[float]
-    current: Optional[float]
-    change: Optional[float] = None
-    band: Optional[float] = None
+    baseline: float | None
+    current: float | None
+    change: float | None = None
+    band: float | None = None
     gated: bool = True
 
     @property
@@ -86,7 +87,7 @@ class Finding:
         return self.verdict in _FAILING
 
     def describe(self) -> str:
-        def number(value: Optional[float]) -> str:
+        def number(value: float | None) -> str:
             return "absent" if value is None else f"{value:.4g}"
 
         text = f"{self.verdict:<10} {self.key}: {number(self.baseline)} -> {number(self.current)}"
@@ -101,7 +102,7 @@ class Finding:
         return text
 
 
-def check_comparable(current: Mapping[str, Any], baseline: Mapping[str, Any], *, rerun: Optional[str] = None) -> None:
+def check_comparable(current: Mapping[str, Any], baseline: Mapping[str, Any], *, rerun: str | None = None) -> None:
     """Raise :class:`UsageError` unless both runs measured the same thing on the same device class.
 
     ``current`` needs only ``benchmark``, ``environment`` and ``settings``, so a run is checked before it
@@ -124,7 +125,7 @@ def check_comparable(current: Mapping[str, Any], baseline: Mapping[str, Any], *,
                          + (advice or "; rerun with the baseline's settings or record a new baseline"))
 
 
-def _worsening(kind: str, before: Any, after: Any) -> Optional[float]:
+def _worsening(kind: str, before: Any, after: Any) -> float | None:
     """``now / before - 1`` for a time, ``before / now - 1`` for a speed-up; None without a ratio."""
     if before is None or after is None or before <= 0 or after <= 0:
         return None
@@ -139,7 +140,7 @@ def _verdict(change: float, band: float, *, gated: bool) -> str:
     return "ok"
 
 
-def _group(base: Mapping[str, Any], now: Mapping[str, Any]) -> Optional[str]:
+def _group(base: Mapping[str, Any], now: Mapping[str, Any]) -> str | None:
     # The run's grouping wins: a baseline written before groups existed is read with today's groups.
     return now.get("group") or base.get("group")
 

@@ -22,9 +22,8 @@ import importlib
 import os
 import shlex
 import sys
-from typing import Any, Optional, Sequence
-
-import torch
+from collections.abc import Sequence
+from typing import Any
 
 from harness import impls, locations
 from harness.bench import baseline as baselines
@@ -99,7 +98,7 @@ def _implementations(options: list[str], components: Sequence[str]) -> dict[str,
     return {spec: impls.load(component, spec)}
 
 
-def _matching_command(options: argparse.Namespace, baseline: dict[str, Any]) -> Optional[str]:
+def _matching_command(options: argparse.Namespace, baseline: dict[str, Any]) -> str | None:
     """The bench command line that measures what ``baseline`` holds (its benchmark, device class and
     settings), with this run's implementation; None for a baseline this version cannot read back."""
     name = baseline.get("benchmark")
@@ -116,7 +115,7 @@ def _matching_command(options: argparse.Namespace, baseline: dict[str, Any]) -> 
     return shlex.join(words) + (f" (on an {gpu})" if gpu else "")
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Run one benchmark; returns the exit status (usage errors are printed as one line, status 2)."""
     parser = build_parser()
     options = parser.parse_args(argv)

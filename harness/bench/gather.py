@@ -17,18 +17,19 @@ from __future__ import annotations
 
 import argparse
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from harness import impls
 from harness.bench.report import Figure, Result, Stat, format_stat, plot_speedups
 from harness.bench.timing import synchronize, time_call
-from harness.impls import describe_exception
 from harness.errors import ImplementationError, UsageError
 from harness.gather.accounting import compile_accounting, count_launches
 from harness.gather.cases import BufferSpec, GatherCase
 from harness.graphs import GraphCapturer
+from harness.impls import describe_exception
 
 __all__ = ["COMPONENTS", "add_options", "settings_of", "arguments_for", "run", "format_table", "plot"]
 

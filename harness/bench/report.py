@@ -24,8 +24,9 @@ import platform
 import shutil
 import statistics
 import subprocess
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any
 
 import torch
 
@@ -59,10 +60,10 @@ class Stat:
     median: float
     spread: float
     repeats: int
-    low: Optional[float] = None
+    low: float | None = None
 
     @classmethod
-    def of(cls, samples: Sequence[float]) -> "Stat":
+    def of(cls, samples: Sequence[float]) -> Stat:
         if not samples:
             raise ValueError("a statistic needs at least one sample")
         ordered = sorted(samples)
@@ -74,7 +75,7 @@ class Stat:
             spread = (ordered[-1] - ordered[0]) / median if median else 0.0
         return cls(median, spread, len(ordered), ordered[0])
 
-    def ratio_to(self, other: "Stat") -> "Stat":
+    def ratio_to(self, other: Stat) -> Stat:
         """``other / self`` (a speed-up of self over other), spreads combined in quadrature; no ``low``
         (a ratio of two fastest samples is not the fastest ratio)."""
         value = other.median / self.median if self.median else float("inf")
@@ -87,25 +88,25 @@ class Figure:
     ``group``: the speed-ups gated together (see :mod:`harness.bench.baseline`)."""
 
     kind: str
-    value: Optional[float]
+    value: float | None
     spread: float = 0.0
     unit: str = ""
-    group: Optional[str] = None
+    group: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in FIGURE_KINDS:
             raise ValueError(f"figure kind {self.kind!r} is not one of {FIGURE_KINDS}")
 
     @classmethod
-    def count(cls, value: Optional[float], unit: str = "") -> "Figure":
+    def count(cls, value: float | None, unit: str = "") -> Figure:
         return cls("count", value, 0.0, unit)
 
     @classmethod
-    def time(cls, stat: Stat, unit: str) -> "Figure":
+    def time(cls, stat: Stat, unit: str) -> Figure:
         return cls("time", stat.median, stat.spread, unit)
 
     @classmethod
-    def speedup(cls, stat: Stat, *, group: Optional[str] = None) -> "Figure":
+    def speedup(cls, stat: Stat, *, group: str | None = None) -> Figure:
         return cls("speedup", stat.median, stat.spread, "x", group)
 
 
@@ -130,14 +131,14 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def _version(distribution: str) -> Optional[str]:
+def _version(distribution: str) -> str | None:
     try:
         return importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError:
         return None
 
 
-def _driver_version() -> Optional[str]:
+def _driver_version() -> str | None:
     if shutil.which("nvidia-smi") is None:
         return None
     try:
@@ -183,7 +184,7 @@ def format_header(title: str, env: Mapping[str, Any], settings: Mapping[str, Any
     return "\n".join(lines)
 
 
-def format_stat(stat: Optional[Stat], *, scale: float = 1.0, digits: int = 2, unit: str = "") -> str:
+def format_stat(stat: Stat | None, *, scale: float = 1.0, digits: int = 2, unit: str = "") -> str:
     """``1.02 ±3%``: the median (times ``scale``, then ``unit``) and the spread of its repeats; ``-`` when
     not measured."""
     if stat is None:

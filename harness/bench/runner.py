@@ -23,7 +23,8 @@ import contextlib
 import dataclasses
 import time
 import warnings
-from typing import Any, Callable, Iterator, Optional
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 
@@ -198,7 +199,7 @@ class InstrumentedCapturer(GraphCapturer):
         return graph
 
 
-def _leading_size(value: Any) -> Optional[int]:
+def _leading_size(value: Any) -> int | None:
     """The first dimension of the first tensor in ``value``: the bucket a layer-stack capture ran."""
     if isinstance(value, torch.Tensor):
         return int(value.shape[0]) if value.dim() else None
@@ -236,12 +237,12 @@ def _stubbed_stack(model: torch.nn.Module, batch: ForwardBatch) -> Iterator[None
         del stack.forward
 
 
-def _fallbacks(runner: Any) -> Optional[int]:
+def _fallbacks(runner: Any) -> int | None:
     stats = getattr(runner, "stats", None)
     return getattr(stats, "eager_fallbacks", None)
 
 
-def _launches(fn: Callable[[], Any], device: torch.device) -> dict[str, Optional[float]]:
+def _launches(fn: Callable[[], Any], device: torch.device) -> dict[str, float | None]:
     fn()
     counted = count_launches(fn, device=device)
     if device.type == "cuda":

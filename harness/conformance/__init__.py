@@ -26,8 +26,8 @@ from typing import Any
 
 import torch
 
-from harness.conformance import clauses as _clauses
 from harness import components, impls
+from harness.conformance import clauses as _clauses
 from harness.devices import resolve
 from harness.errors import HarnessError
 

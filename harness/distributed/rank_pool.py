@@ -16,6 +16,7 @@ count as hung and are killed. After any failed step the pool starts afresh on th
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import multiprocessing.connection
@@ -25,7 +26,8 @@ import socket
 import threading
 import time
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.multiprocessing as mp
@@ -216,10 +218,8 @@ class RankPool:
 
     def close(self) -> None:
         for connection in self._connections:
-            try:
+            with contextlib.suppress(BrokenPipeError, OSError):
                 _send(connection, ("close",))
-            except (BrokenPipeError, OSError):
-                pass
         for process in self._processes:
             process.join(timeout=2)
             if process.is_alive():
@@ -229,7 +229,7 @@ class RankPool:
             connection.close()
         self._processes, self._connections = [], []
 
-    def __enter__(self) -> "RankPool":
+    def __enter__(self) -> RankPool:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -15,7 +15,8 @@ import collections
 import contextlib
 import dataclasses
 import os
-from typing import Any, Callable, Iterator, Optional
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 from torch._dynamo.utils import counters
@@ -63,7 +64,7 @@ def _snapshot() -> tuple[int, int, int]:
 
 @contextlib.contextmanager
 def compile_accounting(*, fail_on_recompile_limit: bool = True,
-                       recompile_limit: Optional[int] = None) -> Iterator[CompileTally]:
+                       recompile_limit: int | None = None) -> Iterator[CompileTally]:
     """Count graphs, failed frames and graph breaks in the block.
 
     ``fail_on_recompile_limit`` turns dynamo's silent fallback to eager, when a function exceeds
@@ -106,14 +107,14 @@ class LaunchCount:
     """Per-call counts from :func:`count_launches`; ``kernels`` is None where it cannot be measured."""
 
     device: str
-    kernels: Optional[float]
-    memory_ops: Optional[float]
+    kernels: float | None
+    memory_ops: float | None
     aten_ops: float
     compiled_regions: float
     kernel_names: tuple[tuple[str, int], ...]
     # CUDA runtime calls that launch work from the host (kernel launches and CUDA-graph launches):
     # a graph replay is one launch however many kernels it holds. None off CUDA.
-    host_launches: Optional[float] = None
+    host_launches: float | None = None
 
     def summary(self) -> str:
         if self.kernels is not None:

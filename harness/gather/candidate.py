@@ -8,10 +8,11 @@ mapping ``{"with_hidden": int, "without_hidden": int}``; the launch suite then a
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Optional
+from collections.abc import Callable, Mapping
+from typing import Any
 
-from harness.impls import check_signature, require_callable
 from harness.errors import ImplementationError
+from harness.impls import check_signature, require_callable
 
 __all__ = ["PROMISE_ATTRIBUTE", "validate_gather", "promised_launches"]
 
@@ -20,7 +21,7 @@ _SIGNATURE = "gather(indices, topk_p_buf, topk_index_buf, output_tokens_buf, hid
 _PROMISE_KEYS = ("with_hidden", "without_hidden")
 
 
-def _parse_promise(promise: Any, spec: str) -> Optional[dict[str, int]]:
+def _parse_promise(promise: Any, spec: str) -> dict[str, int] | None:
     if promise is None:
         return None
     if isinstance(promise, bool) or not isinstance(promise, (int, Mapping)):
@@ -49,7 +50,7 @@ def validate_gather(candidate: Any, spec: str, *, smoke: bool = True) -> Callabl
     return candidate
 
 
-def promised_launches(candidate: Any, *, with_hidden: bool, spec: str = "gather") -> Optional[int]:
+def promised_launches(candidate: Any, *, with_hidden: bool, spec: str = "gather") -> int | None:
     """Kernel launches per call that ``candidate`` promises, or None when it promises nothing."""
     promise = _parse_promise(getattr(candidate, PROMISE_ATTRIBUTE, None), spec)
     if promise is None:

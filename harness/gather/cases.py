@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -110,7 +111,7 @@ class BufferSpec:
     trailing: tuple[int, ...]
     dtype: torch.dtype
     layout: str = "contiguous"
-    pool: Optional[int] = None
+    pool: int | None = None
 
     def describe(self) -> str:
         slots = "pool" if self.pool is None else f"{self.pool}"
@@ -123,7 +124,7 @@ class GatherInputs:
     """Built tensors: the indices and the four source buffers (the last may be ``None``)."""
 
     indices: torch.Tensor
-    buffers: tuple[torch.Tensor, torch.Tensor, torch.Tensor, Optional[torch.Tensor]]
+    buffers: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]
 
     @property
     def args(self) -> tuple[Any, ...]:
@@ -142,8 +143,8 @@ class GatherCase:
     topk_p: BufferSpec = BufferSpec((8,), torch.float32)
     topk_index: BufferSpec = BufferSpec((8,), torch.int64)
     output_tokens: BufferSpec = BufferSpec((), torch.int64)
-    hidden: Optional[BufferSpec] = BufferSpec((64,), torch.bfloat16)
-    index_values: Optional[tuple[int, ...]] = None
+    hidden: BufferSpec | None = BufferSpec((64,), torch.bfloat16)
+    index_values: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.pool < 1:
@@ -157,7 +158,7 @@ class GatherCase:
                                       "case's pool is the smallest, the domain of its indices")
 
     @property
-    def specs(self) -> tuple[BufferSpec, BufferSpec, BufferSpec, Optional[BufferSpec]]:
+    def specs(self) -> tuple[BufferSpec, BufferSpec, BufferSpec, BufferSpec | None]:
         return (self.topk_p, self.topk_index, self.output_tokens, self.hidden)
 
     def build(self, device: torch.device | str = "cpu") -> GatherInputs:
@@ -191,7 +192,7 @@ class GatherCase:
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-safe form (dtypes by name), for handing the case to a subprocess."""
-        def spec_json(spec: Optional[BufferSpec]) -> Any:
+        def spec_json(spec: BufferSpec | None) -> Any:
             if spec is None:
                 return None
             return {"trailing": list(spec.trailing), "dtype": _dtype_name(spec.dtype), "layout": spec.layout,
@@ -206,8 +207,8 @@ class GatherCase:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "GatherCase":
-        def spec_of(item: Any) -> Optional[BufferSpec]:
+    def from_json(cls, data: dict[str, Any]) -> GatherCase:
+        def spec_of(item: Any) -> BufferSpec | None:
             if item is None:
                 return None
             return BufferSpec(tuple(item["trailing"]), _dtype_of(item["dtype"]), item["layout"], item.get("pool"))

@@ -24,7 +24,8 @@ import json
 import os
 import subprocess
 import sys
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from harness.gather.cases import GatherCase
 
@@ -65,7 +66,7 @@ def _run_child(spec: str, device: str, cases: Sequence[ProbeCase], timeout: floa
                results: dict[str, ProbeResult]) -> None:
     payload = json.dumps([{"name": c.name, "case": c.case.to_json(), "valid": c.valid} for c in cases])
     command = [sys.executable, "-m", "harness.gather.probe", spec, device]
-    started: Optional[str] = None
+    started: str | None = None
     try:
         completed = subprocess.run(command, input=payload, capture_output=True, text=True, timeout=timeout,
                                    env=_child_env())

@@ -9,13 +9,11 @@ so that the four gathers can share launches, and must be bit-identical to the or
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 __all__ = ["GatherOutputs", "eager_gather", "compiled_gather", "BUFFER_NAMES", "OUTPUT_NAMES"]
 
-GatherOutputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, Optional[torch.Tensor]]
+GatherOutputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]
 
 # Argument and result names, in call order; failure messages and reports use them.
 BUFFER_NAMES = ("topk_p_buf", "topk_index_buf", "output_tokens_buf", "hidden_states_buf")
@@ -27,7 +25,7 @@ def _gather_extras(
     topk_p_buf: torch.Tensor,
     topk_index_buf: torch.Tensor,
     output_tokens_buf: torch.Tensor,
-    hidden_states_buf: Optional[torch.Tensor],
+    hidden_states_buf: torch.Tensor | None,
 ) -> GatherOutputs:
     hidden_states = None if hidden_states_buf is None else hidden_states_buf[indices]
     return topk_p_buf[indices], topk_index_buf[indices], output_tokens_buf[indices], hidden_states
@@ -38,7 +36,7 @@ def eager_gather(
     topk_p_buf: torch.Tensor,
     topk_index_buf: torch.Tensor,
     output_tokens_buf: torch.Tensor,
-    hidden_states_buf: Optional[torch.Tensor],
+    hidden_states_buf: torch.Tensor | None,
 ) -> GatherOutputs:
     """The oracle: plain advanced indexing, one ``buf[indices]`` per buffer."""
     return _gather_extras(indices, topk_p_buf, topk_index_buf, output_tokens_buf, hidden_states_buf)
@@ -54,7 +52,7 @@ def compiled_gather(
     topk_p_buf: torch.Tensor,
     topk_index_buf: torch.Tensor,
     output_tokens_buf: torch.Tensor,
-    hidden_states_buf: Optional[torch.Tensor],
+    hidden_states_buf: torch.Tensor | None,
 ) -> GatherOutputs:
     """The reference: the four gathers in one ``torch.compile(dynamic=True)`` function."""
     return _compiled(indices, topk_p_buf, topk_index_buf, output_tokens_buf, hidden_states_buf)

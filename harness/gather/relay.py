@@ -12,7 +12,7 @@ token buffer; reading a slot that holds the sentinel (never stashed, or already 
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import torch
 
@@ -29,10 +29,10 @@ class ResolvedExtras:
     topk_p: torch.Tensor
     topk_index: torch.Tensor
     bonus_tokens: torch.Tensor
-    hidden_states: Optional[torch.Tensor]
+    hidden_states: torch.Tensor | None
 
     @classmethod
-    def of(cls, outputs: GatherOutputs) -> "ResolvedExtras":
+    def of(cls, outputs: GatherOutputs) -> ResolvedExtras:
         if not isinstance(outputs, (tuple, list)) or len(outputs) != 4:
             raise GatherContractError(
                 "a gather must return (topk_p, topk_index, bonus_tokens, hidden_states); "
@@ -48,7 +48,7 @@ class SpecExtrasRelay:
     int64 [pool] and, when ``hidden_size`` is given, ``hidden_states`` [pool, hidden_size].
     """
 
-    def __init__(self, pool: int, *, topk: int, hidden_size: Optional[int] = None,
+    def __init__(self, pool: int, *, topk: int, hidden_size: int | None = None,
                  hidden_dtype: torch.dtype = torch.bfloat16, device: torch.device | str = "cpu",
                  gather: Callable[..., GatherOutputs] = eager_gather) -> None:
         if pool < 1 or topk < 1 or (hidden_size is not None and hidden_size < 1):
@@ -77,7 +77,7 @@ class SpecExtrasRelay:
             raise GatherContractError(
                 f"{what} {bad[:8].tolist()} are outside [-{self.pool}, {self.pool}) for a pool of {self.pool}")
 
-    def _check_values(self, name: str, value: Optional[torch.Tensor], buffer: Optional[torch.Tensor], count: int) -> None:
+    def _check_values(self, name: str, value: torch.Tensor | None, buffer: torch.Tensor | None, count: int) -> None:
         if buffer is None:
             if value is not None:
                 raise GatherContractError(f"{name} given but this relay keeps no hidden states (hidden_size=None)")
@@ -88,7 +88,7 @@ class SpecExtrasRelay:
             raise GatherContractError(f"{name} must have shape {expected} to fill {count} slots, got {got}")
 
     def stash(self, slots: torch.Tensor, *, topk_p: torch.Tensor, topk_index: torch.Tensor,
-              output_tokens: torch.Tensor, hidden_states: Optional[torch.Tensor] = None) -> None:
+              output_tokens: torch.Tensor, hidden_states: torch.Tensor | None = None) -> None:
         """Write one step's extras into ``slots`` (distinct, in range); tokens must be >= 0."""
         self._check_slots(slots, "stash slots")
         wrapped = torch.remainder(slots.long(), self.pool)

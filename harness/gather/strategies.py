@@ -7,7 +7,7 @@ which keeps examples small to shrink and reproducible from the failure report.
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import torch
 from hypothesis import strategies as st
@@ -32,8 +32,8 @@ def _buffer_spec(draw, *, dtypes: Sequence[torch.dtype], layouts: Sequence[str],
 
 
 @st.composite
-def gather_cases(draw, *, dtypes: Optional[Sequence[torch.dtype]] = None,
-                 layouts: Sequence[str] = SOURCE_LAYOUTS, with_hidden: Optional[bool] = None,
+def gather_cases(draw, *, dtypes: Sequence[torch.dtype] | None = None,
+                 layouts: Sequence[str] = SOURCE_LAYOUTS, with_hidden: bool | None = None,
                  max_pool: int = 4096) -> GatherCase:
     """Cases over the whole in-process contract: valid, non-negative indices.
 

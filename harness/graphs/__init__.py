@@ -8,12 +8,13 @@ capture through :func:`receive_breaks` (the break seam; ``docs/graphs.md`` has a
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
-from harness.errors import UsageError
 from harness.devices import BACKEND_CHOICES
+from harness.errors import UsageError
 from harness.graphs._backend import GraphBackend
 from harness.graphs._breakable import (
     Break,

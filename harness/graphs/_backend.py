@@ -8,7 +8,8 @@ a plain capture is a breakable capture without breaks. Backends never see breaks
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator, Protocol
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
 
 __all__ = ["GraphBackend", "SegmentRecording", "Segment"]
 

@@ -17,7 +17,8 @@ import dataclasses
 import enum
 import functools
 import types
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 
@@ -352,7 +353,7 @@ class CaptureSession:
         return output
 
     @contextlib.contextmanager
-    def active(self) -> Iterator["CaptureSession"]:
+    def active(self) -> Iterator[CaptureSession]:
         """Make this the capture of the current context; on any exception leave nothing behind."""
         token = self.publish()
         failed = True

@@ -14,7 +14,8 @@ from __future__ import annotations
 import contextlib
 import gc
 import warnings
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 
@@ -51,7 +52,7 @@ class _CudaSegment:
 
 
 class _CudaRecording:
-    def __init__(self, backend: "CudaBackend", pool: Any) -> None:
+    def __init__(self, backend: CudaBackend, pool: Any) -> None:
         self.backend = backend
         self.graph = torch.cuda.CUDAGraph()
         self.graph.capture_begin(pool=pool)

@@ -55,7 +55,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
@@ -95,7 +96,7 @@ class _ExternalTensor:
     device: torch.device
 
     @classmethod
-    def of(cls, tensor: torch.Tensor) -> "_ExternalTensor":
+    def of(cls, tensor: torch.Tensor) -> _ExternalTensor:
         return cls(
             StorageWeakRef(tensor.untyped_storage()), tuple(tensor.shape), tuple(tensor.stride()),
             tensor.storage_offset(), tensor.dtype, tensor.device,

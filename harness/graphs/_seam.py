@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import contextvars
 import functools
-from typing import Any, Callable, Protocol, TypeVar, runtime_checkable
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 __all__ = [
     "BreakReceiver",

@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from harness.impls import check_signature, describe, require_callable, require_members, smoke_step
 from harness.graphs._seam import eager_on_graph
+from harness.impls import check_signature, describe, require_callable, require_members, smoke_step
 
 __all__ = ["validate_capturer_factory"]
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import nn

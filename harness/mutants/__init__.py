@@ -20,7 +20,8 @@ selfcheck skips it elsewhere and says so.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Iterable, Iterator, TypeVar
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
 
 __all__ = ["Mutant", "MutantSet", "GRAPH_BACKENDS"]
 
@@ -73,7 +74,7 @@ class MutantSet:
 
         return register
 
-    def include(self, other: "MutantSet") -> None:
+    def include(self, other: MutantSet) -> None:
         """Add the mutants of ``other`` (another module's set of the same component), in its order."""
         if other.component != self.component:
             raise ValueError(f"cannot include {other.component} mutants in the {self.component} set")

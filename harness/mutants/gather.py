@@ -4,7 +4,6 @@ gather kernel has had. The suites in ``suites/gather`` must kill every one."""
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import torch
 
@@ -16,7 +15,7 @@ __all__ = ["MUTANTS"]  # the mutants are reached through the registry, never imp
 MUTANTS = MutantSet("gather")
 
 
-def _each(indices: torch.Tensor, buffers: tuple[Optional[torch.Tensor], ...], take) -> GatherOutputs:
+def _each(indices: torch.Tensor, buffers: tuple[torch.Tensor | None, ...], take) -> GatherOutputs:
     return tuple(None if buf is None else take(indices, buf) for buf in buffers)  # type: ignore[return-value]
 
 

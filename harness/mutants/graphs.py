@@ -10,7 +10,8 @@ import copy
 import dataclasses
 import gc
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -136,7 +137,7 @@ class WritebackDropsMembers(GraphCapturer):
 class _HostSyncSwallower(TorchDispatchMode):
     """Runs forbidden ops outside the graph, once, so their capture-time value is frozen."""
 
-    def __init__(self, session: "_HostSyncSession") -> None:
+    def __init__(self, session: _HostSyncSession) -> None:
         super().__init__()
         self.session = session
 

@@ -11,7 +11,8 @@ import bisect
 import contextlib
 import dataclasses
 import warnings
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 from torch import nn

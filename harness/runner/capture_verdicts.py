@@ -14,7 +14,8 @@ listed, and on a listed one that no longer holds.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 

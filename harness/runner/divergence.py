@@ -10,7 +10,8 @@ tells a tolerance question (a slow drift) from a bug (one layer jumps).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import torch
 from torch import nn

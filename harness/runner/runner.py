@@ -37,7 +37,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -316,11 +317,8 @@ class LayerStackRunner:
             calls.append((args, kwargs))
             raise _ProbeDone
 
-        with self.autograd_off(), self.patched_forward(record):
-            try:
-                self.model(dummy.input_ids, dummy.positions, dummy)
-            except _ProbeDone:
-                pass
+        with self.autograd_off(), self.patched_forward(record), contextlib.suppress(_ProbeDone):
+            self.model(dummy.input_ids, dummy.positions, dummy)
         if not calls:
             raise CaptureError(
                 f"{type(self.model).__name__}.forward never called the discovered layer stack "

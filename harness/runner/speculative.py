@@ -23,7 +23,8 @@ Finished requests leave; their relay slot and KV pages go to the next request th
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -62,7 +63,7 @@ class DraftHead(nn.Module):
         self.eval()
 
     @classmethod
-    def for_target(cls, target: nn.Module, *, seed: int = 0) -> "DraftHead":
+    def for_target(cls, target: nn.Module, *, seed: int = 0) -> DraftHead:
         """A draft head sharing the target's LM head (as EAGLE heads do), on its device and dtype."""
         config = target.config
         head = cls(config, seed=seed)

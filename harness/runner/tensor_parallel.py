@@ -18,17 +18,18 @@ within the tolerance table (a row-parallel reduction sums in another order).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from harness import impls
 from harness.batch import ForwardBatch, published_batch, select_bucket
+from harness.distributed.rank_pool import RankContext
 from harness.errors import BucketError
 from harness.graphs import eager_on_graph, get_backend
 from harness.models import build_model, packed_causal_attention
 from harness.models.tensor_parallel import shard_model
-from harness.distributed.rank_pool import RankContext
 from harness.runner.cases import CONFIG, SEED, eager, eager_padded
 from harness.runner.runner import map_tensors
 

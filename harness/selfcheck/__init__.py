@@ -35,13 +35,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from harness import components, impls
+from harness.devices import resolve, use_one_compile_worker
 from harness.selfcheck.fork_server import ForkServer, ForkServerUnavailable, lower_priority
 from harness.selfcheck.fork_server import available as fork_server_available
-from harness.devices import resolve, use_one_compile_worker
 
 __all__ = ["Outcome", "HINTS_PATH", "default_jobs", "run_one", "run_references", "run_selfcheck", "judge", "format_matrix", "write_json",
            "read_hints", "read_slow_kills", "hinted_test", "write_hints", "child_environment", "fork_server_wanted", "TEST_SECONDS", "PROCESS_SECONDS",

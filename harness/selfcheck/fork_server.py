@@ -31,6 +31,7 @@ place before anything imports torch): at module level it imports the standard li
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib
 import json
@@ -43,8 +44,9 @@ import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 __all__ = ["ForkServer", "ForkServerUnavailable", "PRELOAD", "PER_RUN_VARIABLES", "available"]
 
@@ -89,10 +91,8 @@ def lower_priority(pid: int, niceness: int) -> None:
     forks and children inherit; where the platform cannot, or the process is gone, it runs as it is."""
     if niceness <= 0 or not hasattr(os, "setpriority"):
         return
-    try:
+    with contextlib.suppress(OSError):
         os.setpriority(os.PRIO_PROCESS, pid, min(19, os.getpriority(os.PRIO_PROCESS, pid) + niceness))
-    except OSError:
-        pass
 
 
 class ForkServerUnavailable(RuntimeError):
@@ -530,10 +530,8 @@ class ForkServer:
             self._gone = self._gone or "the fork server was closed"
         if not self._ready.is_set():  # still importing, with no child yet: nothing to wait for
             _kill_group(self._process.pid)
-        try:
+        with contextlib.suppress(OSError):
             os.close(self._request_write)
-        except OSError:
-            pass
         try:
             self._process.wait(timeout=30)
         except subprocess.TimeoutExpired:

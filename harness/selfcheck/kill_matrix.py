@@ -14,8 +14,9 @@ so CI notices without looking at the working tree:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from harness.errors import GoldenError
 

@@ -8,7 +8,8 @@ aliasing a source, no source modified.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch

@@ -25,7 +25,8 @@ and the next one must equal the twin again, with no state left over.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch

@@ -4,7 +4,8 @@ eager-equivalence assertion. Any runner given by ``--impl runner=module:attr`` r
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch

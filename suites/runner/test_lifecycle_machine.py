@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch

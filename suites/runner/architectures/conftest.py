@@ -4,7 +4,8 @@ runners of the implementation under test over it (through the engine-style adapt
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch

@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from harness.distributed.rank_pool import RankFailure
 from harness.models import ModelConfig
 from harness.plugin.profiles import capped_examples
-from harness.distributed.rank_pool import RankFailure
 from harness.runner import tensor_parallel as tp_cases
 from harness.runner.tensor_parallel import Composition
 

@@ -18,8 +18,6 @@ from harness.errors import UsageError
 if TYPE_CHECKING:
     import torch
 
-    from harness.graphs import GraphBackend
-
 __all__ = ["BACKEND_CHOICES", "COMPILE_THREADS_VARIABLE", "DEVICE_CHOICES", "EXPERTS_IMPLEMENTATIONS", "EXPERTS_VARIABLE", "Placement", "resolve",
            "resolve_device", "experts_implementation", "use_one_compile_worker"]
 
@@ -41,7 +39,8 @@ BACKEND_CHOICES = ("auto", "cuda", "emulated")
 
 @dataclasses.dataclass(frozen=True)
 class Placement:
-    """A resolved request: the device type (``cpu`` or ``cuda``) and the graph backend (``cuda`` or ``emulated``)."""
+    """A resolved request: the device type (``cpu`` or ``cuda``) and the graph backend (``cuda`` or ``emulated``);
+    :func:`harness.graphs.backend_for` makes its backend object."""
 
     device_type: str
     graph_backend: str
@@ -51,12 +50,6 @@ class Placement:
         import torch
 
         return torch.device(self.device_type)
-
-    def backend(self) -> GraphBackend:
-        """The graph backend object (a CUDA backend bound to this device)."""
-        from harness.graphs import get_backend
-
-        return get_backend(self.graph_backend, device=self.device if self.device_type == "cuda" else None)
 
 
 def _cuda_available() -> bool:
@@ -79,7 +72,7 @@ def resolve(*, device: str = "auto", graph_backend: str = "auto", cuda_available
                          "run on a GPU runner or use --device cpu")
     device_type = ("cuda" if has_cuda else "cpu") if device == "auto" else device
     if graph_backend == "cuda" and device_type != "cuda":
-        if not has_cuda:
+        if device == "auto":
             raise UsageError("--graph-backend cuda was requested but torch sees no CUDA device; "
                              "use --graph-backend emulated")
         raise UsageError("--graph-backend cuda needs --device cuda (or --device auto on a machine with a GPU)")

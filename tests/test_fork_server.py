@@ -77,7 +77,7 @@ def hangs(*args):
 def kills_the_fork_server(*args):
     # Only a child forked from the fork server (whose main module is the server's) kills its parent; a
     # plain process (the fallback) fails the test instead.
-    if getattr(sys.modules["__main__"], "__file__", "").endswith("_fork_server.py") and _later(args[0]):
+    if getattr(sys.modules["__main__"], "__file__", "").endswith("fork_server.py") and _later(args[0]):
         os.kill(os.getppid(), 9)
         time.sleep(3600)
     return wrong(*args)

@@ -88,7 +88,11 @@ def test_ranks_exit_when_the_test_process_dies_abruptly():
     code = ("import os\nimport rank_pool_checks as checks\nfrom harness.distributed.rank_pool import RankPool\n"
             "pool = RankPool(2)\npool.run('sum', checks.rank_and_sum)\n"
             "print(' '.join(str(p.pid) for p in pool._processes), flush=True)\nos._exit(1)\n")
-    completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    # the child imports this folder's rank_pool_checks, as the rank processes do
+    environment = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.path.dirname(__file__),
+                                                                            os.environ.get("PYTHONPATH")])))
+    completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                               env=environment)
     pids = [int(pid) for pid in completed.stdout.split()]
     assert len(pids) == 2, completed.stdout + completed.stderr
     deadline = time.monotonic() + 10

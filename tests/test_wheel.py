@@ -130,7 +130,7 @@ def _check_contents(wheel: Path) -> None:
     metadata = zipfile.ZipFile(wheel)
     dist_info = next(name.split("/")[0] for name in names if name.endswith(".dist-info/METADATA"))
     entry_points = metadata.read(f"{dist_info}/entry_points.txt").decode()
-    assert re.search(r"^\[pytest11\]\nharness\.pytest_plugin = harness\.pytest_plugin$", entry_points, re.MULTILINE)
+    assert re.search(r"^\[pytest11\]\nharness\.plugin = harness\.plugin$", entry_points, re.MULTILINE)
     requires = metadata.read(f"{dist_info}/METADATA").decode()
     for dependency in ("torch", "pytest", "hypothesis", "syrupy"):
         assert re.search(rf"^Requires-Dist: {dependency}\b", requires, re.MULTILINE), dependency

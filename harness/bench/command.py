@@ -31,6 +31,7 @@ from harness.bench.report import check_plot_extra, environment, format_header, m
 from harness.bench.timing import spin_up
 from harness.devices import BACKEND_CHOICES, DEVICE_CHOICES, resolve, use_one_compile_worker
 from harness.errors import HarnessError, UsageError
+from harness.graphs import backend_for
 
 __all__ = ["BENCHMARKS", "build_parser", "main"]
 
@@ -133,7 +134,7 @@ def _run(options: argparse.Namespace) -> int:
     placement = resolve(device=options.device, graph_backend=options.graph_backend)
     device, backend_name = placement.device, placement.graph_backend
     use_one_compile_worker(os.environ)  # the benchmarks time replays and count compiles; a pool only slows start-up
-    backend = placement.backend()
+    backend = backend_for(placement)
     requested = module.settings_of(options, device=device)
     env = environment(device, backend_name)
     baseline = read_json(locations.resolve_baseline(options.baseline)) if options.baseline else None

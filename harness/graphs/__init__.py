@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from harness.devices import BACKEND_CHOICES
+from harness.devices import BACKEND_CHOICES, Placement
 from harness.errors import UsageError
 from harness.graphs._backend import GraphBackend
 from harness.graphs._breakable import (
@@ -39,6 +39,7 @@ __all__ = [
     "CudaBackend",
     "EmulatedBackend",
     "get_backend",
+    "backend_for",
     "GraphCapturer",
     "BreakableGraph",
     "CaptureSession",
@@ -75,6 +76,12 @@ def get_backend(name: str = "auto", *, device: torch.device | str | None = None)
             )
         return CudaBackend(device)
     return EmulatedBackend(device)
+
+
+def backend_for(placement: Placement) -> GraphBackend:
+    """The backend a resolved request (:func:`harness.devices.resolve`) names, bound to its device."""
+    device = placement.device if placement.device_type == "cuda" else None
+    return get_backend(placement.graph_backend, device=device)
 
 
 def run_eagerly(fn: Callable[[], Any]) -> Any:

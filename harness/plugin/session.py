@@ -122,6 +122,7 @@ def activate(config: pytest.Config) -> HarnessSession:
         return config.stash[SESSION_KEY]
     import torch
 
+    from harness.graphs import backend_for
     from harness.plugin import profiles
 
     _set_up_xdist_worker()
@@ -147,7 +148,7 @@ def activate(config: pytest.Config) -> HarnessSession:
         use_one_compile_worker(os.environ)  # in this run's child processes too (xdist workers, ranks, probes)
         if config.getoption("--tp", 2) < 1:
             raise UsageError(f"--tp {config.getoption('--tp')}: the number of tensor-parallel ranks must be at least 1")
-        backend = placement.backend()
+        backend = backend_for(placement)
         selected = impls.parse_impl_options(config.getoption("--impl"))
         for component, spec in selected.items():
             # fail now, with the reason, rather than in each test

@@ -1,13 +1,7 @@
-"""``python -m harness`` (also ``graph-harness``): list, selfcheck and benchmarks.
+"""``python -m harness`` (also ``graph-harness``): ``list``, ``selfcheck``, ``bench``, ``report``, ``conformance``.
 
-    python -m harness list [--component C ...]
-    python -m harness selfcheck [--component C ...] [--graph-backend B] [--device D] [--jobs N] [--json PATH]
-                                [--test-timeout S] [--process-timeout S] [--no-fork-server]
-    python -m harness bench runner|gather|tolerance [options; --help lists each benchmark's own]
-    python -m harness report [--run-report PATH] [--selfcheck PATH] [--annotate JUNIT_XML]  (CI step summary)
-    python -m harness conformance --impl COMPONENT=SPEC [--device D] [--graph-backend B] [--out DIR] [--jobs N]
-                                  [--time-limit SECONDS]
-"""
+:func:`build_parser` defines every subcommand and its options (``--help`` shows them); :func:`main` is
+the entry point."""
 
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
 """Equivalence checks between an implementation's output and its oracle, and their failure reports.
 
-One concept: :func:`assert_equivalent` walks two nested structures (tensors, tuples, lists, dicts,
-``None``, Python scalars) and compares them leaf by leaf, either bitwise or within the tolerance
-that :data:`TOLERANCES` gives for the dtype. A failure raises :class:`~harness.errors.MismatchError`
-whose message says where in the structure, how many elements differ, the largest difference and
-its index, and the context the caller passed (implementation, seed, shapes, a command to rerun).
-"""
+Safe to use: :func:`assert_equivalent` (compares nested structures leaf by leaf, bitwise or within
+:data:`TOLERANCES`, raising :class:`~harness.errors.MismatchError` that says where and by how much),
+:func:`tolerance_for` and :func:`bitwise_expected`."""
 
 from __future__ import annotations
 

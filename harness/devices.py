@@ -1,9 +1,7 @@
-"""Where the harness runs: the one resolver of ``--device`` and ``--graph-backend``, and how its processes
-share a machine's cores.
+"""Where the harness runs: :func:`resolve`, the one resolver of ``--device`` and ``--graph-backend``.
 
-Every entry point (the pytest plugin, ``selfcheck``, ``conformance``, ``bench``) asks :func:`resolve`, so the
-same request gets the same answer everywhere. Importing this module does not import torch.
-"""
+Every entry point (pytest plugin, ``selfcheck``, ``conformance``, ``bench``) asks it, and it says how
+processes share a machine's cores. Importing this module imports no torch."""
 
 from __future__ import annotations
 

@@ -1,17 +1,7 @@
-"""``python -m harness bench gather``: what the compiled gather saves, as plain calls and inside a graph.
+"""``python -m harness bench gather``: launches and GPU time of the gather, plain and inside a graph.
 
-For the eager oracle, the compiled reference and the candidate (``--impl gather=SPEC``; the
-reference by default), at each index count, with and without hidden states:
-
-* as plain calls: launches per call (CUDA: device kernels; emulation: top-level ATen ops) and, on
-  CUDA, GPU µs per call (CUDA events) with the host's wall time beside;
-* captured in a graph after a decode-step-like neighbour (a projection matmul), where host overhead
-  disappears: launches and GPU µs per replay, the neighbour-only graph's subtracted;
-* graphs dynamo compiled and the first-call (compile) time per implementation.
-
-Each time is stated against eager, measured in the same run. The candidate's figures are the ones
-a baseline holds (``candidate/...``); eager and the reference are measured beside as yardsticks.
-"""
+Measures eager, the compiled reference and the candidate (``--impl gather=SPEC``); the candidate's
+figures are what a baseline holds. ``docs/gather.md`` (The benchmark) describes the table."""
 
 from __future__ import annotations
 

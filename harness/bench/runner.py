@@ -1,20 +1,8 @@
 """``python -m harness bench runner``: what replaying the layer stack buys over eager, and where it goes.
 
-For every chosen zoo model and size, the runner (``--impl runner=SPEC``, the reference by default)
-captures its buckets; then, per batch composition, ``runner.run(batch)`` is set against the eager
-model on the same batch:
-
-* launches per call, eager and run (CUDA: host launch calls, a graph replay being one; emulation:
-  top-level ATen ops), and ``eager_fallbacks`` per call;
-* CUDA only: eager and run time (CUDA events, host wall beside), the speed-up measured in the same
-  run, and the run split into the captured segments' GPU time, the eager breaks, and the rest:
-  the model's eager glue (embedding, logits; measured alone with the layer stack stubbed) and the
-  runner's own host overhead (copies into static buffers, padding, handing out, the patch);
-* per bucket: capture time, pool memory (CUDA), segments and breaks;
-* last, the per-layer divergence table (harness.runner.divergence): the largest
-  |replay - eager| of every decoder layer of a dense, an MoE, a VLM and a hybrid transformers-zoo
-  architecture (--architectures), up to the first layer beyond the tolerance.
-"""
+For each zoo model and size and each batch composition: launches, fallbacks, times and the replay's
+split (segments, breaks, eager glue, runner overhead), per-bucket capture figures, then the per-layer
+divergence table. The README's Benchmarks section describes the table."""
 
 from __future__ import annotations
 

@@ -1,14 +1,8 @@
 """``python -m harness conformance``: which contract clauses an implementation holds.
 
-It runs one component's suite against ``--impl COMPONENT=SPEC`` in a child pytest process (so a
-crashing candidate cannot take the report with it), reads each test's outcome and the clause it
-checks (:mod:`harness.conformance.plugin`), and reports one row per clause of the component's
-contract (:mod:`harness.conformance.clauses`): ``held`` (every test of it passed), ``violated`` (with the first
-falsifying example and the command that reproduces it), or ``not run`` (every test of it skipped,
-with the reason). Core violations (wrong results) are named first, then strict ones (what the
-harness requires to raise). The report is printed, and written as Markdown (for a pull request)
-and JSON.
-"""
+Runs a component's suite against ``--impl COMPONENT=SPEC`` in a child pytest and reports each clause
+``held``, ``violated`` (core ones first) or ``not run``, printed and as Markdown and JSON;
+``docs/graphs.md`` (Conformance) describes the report."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
-"""Gather inputs described by a few numbers: pool, index count, dtypes, layouts and a seed.
+"""Gather inputs described by a few numbers: :class:`GatherCase` (pool, count, dtypes, layouts, seed).
 
-A :class:`GatherCase` is what a failure report quotes and what a subprocess receives; ``build``
-turns it into tensors, deterministically (values come from a seeded ``torch.Generator`` on the
-CPU, so the same case gives the same bits on every device). Layouts other than ``contiguous``
-place the values in a view of a larger buffer whose other elements are random junk, so an
-implementation that ignores strides or offsets reads junk and is caught.
-"""
+``build`` makes tensors deterministically from a CPU ``torch.Generator``; non-contiguous layouts put
+the values in a view of a larger junk-filled buffer, so ignoring strides or offsets reads junk."""
 
 from __future__ import annotations
 

@@ -1,17 +1,8 @@
-"""The transformers zoo: tiny, seeded, randomly initialised models of real architectures.
+"""The transformers zoo: tiny, seeded, randomly initialised models of real architectures, built offline.
 
-Every model is built offline from a config object (no hub access anywhere): a few layers, a
-hidden size of 32, a vocabulary of 160 (never equal to the hidden size, so an output's last
-dimension tells logits from hidden states). ``build_architecture(name, seed=...)`` returns the
-model in eval mode, or raises :class:`ArchitectureUnavailable` with the reason when the installed
-transformers lacks the architecture. A config that rejects an argument is handled here: only the
-arguments a config declares are passed to it.
-
-Families: ``dense`` causal LMs (``model.layers``), ``gpt-style`` older layouts (``transformer.h``,
-``gpt_neox.layers``, ``model.decoder.layers``, ...), ``moe``, ``hybrid`` (attention with
-state-space or linear-attention layers) and ``vlm`` (vision-language models in their transformers
-5.x layout, the text stack at ``model.language_model``).
-"""
+``build_architecture(name, seed=...)`` returns the model in eval mode, or raises
+:class:`ArchitectureUnavailable` when the installed transformers lacks it. Hidden size 32, vocabulary 160
+(never equal, so an output's last dimension tells logits from hidden states)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Mutants of the ``gather`` component: each reproduces one bug class a hand-written or compiled
-gather kernel has had. The suites in ``suites/gather`` must kill every one."""
+"""Mutants of the ``gather`` component: bug classes hand-written or compiled gather kernels have had.
+
+``suites/gather`` must kill every one."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""Mutants of the ``graphs`` component: each reproduces one bug class seen in graph runners.
+"""Mutants of the ``graphs`` component: bug classes seen in graph runners.
 
-Every mutant is a :class:`~harness.graphs.GraphCapturer` subclass that changes one behaviour
-through the seams the reference exposes (``session_class``, ``graph_class``, ``capture``).
-"""
+Each is a :class:`~harness.graphs.GraphCapturer` subclass changing one behaviour through its public seams."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""Mutants of the ``runner`` component: each is the reference runner with one real bug.
+"""Mutants of the ``runner`` component: the reference runner with one real bug each.
 
-Each overrides exactly one seam of :class:`~harness.runner.LayerStackRunner`, so the suites see
-the reference everywhere else. ``python -m harness selfcheck --component runner`` requires every
-one to fail ``pytest suites/runner``.
-"""
+Each overrides one seam of :class:`~harness.runner.LayerStackRunner`; ``suites/runner`` must kill every one."""
 
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
-"""Mutants of the ``runner`` component under tensor parallelism (suites/runner/tensor_parallel).
+"""Mutants of the ``runner`` component that only a multi-rank run shows (``suites/runner/tensor_parallel``).
 
-Their own :class:`~harness.mutants.MutantSet`, which ``harness.mutants.runner`` includes in the
-runner's; each overrides one seam of :class:`~harness.runner.LayerStackRunner` that only a
-multi-rank run exercises (:meth:`~harness.runner.LayerStackRunner.group_rows`,
-:meth:`~harness.runner.LayerStackRunner.collectives`), so on one rank every one is the reference.
-"""
+Their own :class:`~harness.mutants.MutantSet`, included in the runner's; each overrides ``group_rows`` or
+``collectives``, so on one rank every one is the reference."""
 
 from __future__ import annotations
 

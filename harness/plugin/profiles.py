@@ -1,8 +1,7 @@
 """The harness's hypothesis profiles, ``--reproduce-failure``, and per-test example caps.
 
-``dev`` (the local default), ``ci`` (under a CI, and the kill matrix's) and ``nightly``; README.md says what each
-is for. Imported when the harness activates, not when the plugin loads.
-"""
+:data:`HYPOTHESIS_PROFILES`: ``dev`` (local default), ``ci`` (under CI, and the kill matrix's) and
+``nightly``; README.md says what each runs. Imported when the harness activates."""
 
 from __future__ import annotations
 

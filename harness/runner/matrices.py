@@ -1,12 +1,7 @@
-"""The discovery and capture matrices of the transformers zoo: what each rule chooses, and whether
-the chosen stack captures and replays like eager. Plain data, stored as goldens by the suites.
+"""The discovery and capture matrices of the transformers zoo, plain data stored as goldens.
 
-``discovery_matrix()`` -> ``{architecture: {"family", "rules": {rule: row}}}``, a row being the
-path chosen, whether the rule fell back or searched, whether the module owns the layer list and
-what its forward returns (measured by running the model: ``hidden_states`` or ``logits``).
-``capture_row(name, graphs=...)`` -> per rule: whether its stack captures (or the ``CaptureError``
-naming the op) and whether replay matches eager, with the largest difference.
-"""
+:func:`discovery_matrix` (what each rule chooses) and :func:`capture_row` (whether the chosen stack
+captures and replays like eager)."""
 
 from __future__ import annotations
 

@@ -1,27 +1,8 @@
-"""The mutant kill matrix: every known-bad implementation must fail its component's suites.
+"""The mutant kill matrix (``python -m harness selfcheck``): every known-bad implementation must fail.
 
-Each run is a separate pytest process (``pytest suites/<component> --impl <component>=<spec> -x``):
-a mutant may corrupt global state or crash the interpreter, and must not take the check with it. A
-mutant's process is forked from a warm server that has imported the libraries every run needs
-(:mod:`harness.selfcheck.fork_server`; off with ``--no-fork-server`` or ``HARNESS_FORK_SERVER=0``), so it starts
-in a fraction of a second; where the server cannot serve, the run starts as a plain process and the
-matrix says so. The references run whole suites: together, as one pytest session spread over xdist
-workers where the cores allow (xdist balances every suite's tests over all of them), always started as
-a plain process.
-
-A mutant's run starts with the test that killed it last (the committed hint file
-:data:`HINTS_PATH`, rewritten after every selfcheck), then the rest of its suite, so a mutant dies
-in the first seconds; the reference always runs the whole suite. Each outcome records the seconds
-from the process start to its first failure, and the total.
-
-A mutant counts as killed only by a test that its reference passes in the same configuration
-(backend, device, hypothesis profile): where a component's reference fails its suite, the failing
-test proves nothing about the mutants, so they are "not judged", the matrix says so first, and the
-summary never reads "N/N killed".
-
-A mutant that declares the graph backends it is judged on (``MUTANTS.add(..., backends={"cuda"})``)
-is not run on another backend: its outcome is ``skipped`` and says on which backends it is judged.
-"""
+Each run is its own pytest process (mutants forked from :mod:`harness.selfcheck.fork_server`); the
+README's Mutants and the self-check section describes the matrix, the hints file :data:`HINTS_PATH` and
+when a mutant counts as killed, skipped or not judged."""
 
 from __future__ import annotations
 

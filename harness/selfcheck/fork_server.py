@@ -1,33 +1,7 @@
-"""A warm fork server for the kill matrix's mutant runs (:mod:`harness.selfcheck` is its one user).
+"""A warm fork server for the kill matrix's mutant runs (its one user is :mod:`harness.selfcheck`).
 
-A mutant's run is a pytest process whose start-up (importing torch, Dynamo and Inductor, transformers,
-hypothesis, syrupy, the harness) costs more than the test that kills it. The server is one helper process,
-started fresh, that imports those libraries once (:data:`PRELOAD`), then forks one child per request. A
-child starts its own session (so it is stopped with everything it started), reads nothing, writes its
-output to the request's files, takes the request's working directory and environment, runs
-``pytest.main(argv)`` and exits with pytest's status. The server never runs pytest itself and imports no
-test module of a suite (pytest imports those in each child, fresh); it enforces each child's time limit.
-
-It never initialises CUDA: a CUDA context does not survive a fork, and once a process has asked the
-driver anything, torch refuses CUDA in every child it forks. While it imports, torch answers "is there a
-GPU" from NVML, which does not reach the driver (``PYTORCH_NVML_BASED_CUDA_CHECK=1``, so Inductor's and
-cpp_extension's :func:`torch.cuda.is_available` at import time is harmless), and the calls that would
-reach the driver (:data:`_CUDA_CALLS`, NVML's fallback among them) raise instead, so a module that asks
-at import time is left for the children to import (the ready message names it and the line that
-asked). Before it reports ready it forks a probe that asks torch whether its forks are poisoned and, on
-a GPU machine, runs a kernel (a library may reach the driver by its own calls, past the guard); a fork
-that cannot use the GPU, or a Python thread left running by an import, makes it refuse to serve, and
-the caller starts plain processes instead.
-
-Protocol: JSON lines on two pipes (request and reply file descriptors given as arguments). The server
-first says ``{"ready": true, ...}`` or ``{"ready": false, "reason": ...}``; a request
-``{"id", "argv", "env", "cwd", "time_limit", "stdout", "stderr"}`` is answered ``{"id", "pid"}`` once
-forked and ``{"id", "exit", "timed_out"}`` once reaped (``exit`` as :attr:`subprocess.Popen.returncode`:
-negative for a signal). End of the request pipe stops the server and every child still running.
-
-This file runs as the server's main script (:func:`ForkServer` starts it by path, so the CUDA guard is in
-place before anything imports torch): at module level it imports the standard library only.
-"""
+:class:`ForkServer` starts this file as a script; :func:`serve` documents the protocol and why the
+server never initialises CUDA. At module level this file imports the standard library only."""
 
 from __future__ import annotations
 
@@ -329,7 +303,32 @@ def _random_state_of_a_fresh_process() -> None:
 
 
 def serve(request_fd: int, reply_fd: int, preload: Sequence[str]) -> None:
-    """The server's main loop (see the module docstring); returns when the request pipe closes."""
+    """The server's main loop; returns when the request pipe closes.
+
+    A mutant's run is a pytest process whose start-up (torch, Dynamo and Inductor, transformers, hypothesis,
+    syrupy, the harness) costs more than the test that kills it. The server imports those once
+    (:data:`PRELOAD`), then forks one child per request. A child starts its own session (so it is stopped
+    with everything it started), reads nothing, writes its output to the request's files, takes the
+    request's working directory and environment, runs ``pytest.main(argv)`` and exits with pytest's
+    status. The server never runs pytest itself, imports no test module of a suite, and enforces each
+    child's time limit.
+
+    It never initialises CUDA: a CUDA context does not survive a fork, and once a process has asked the
+    driver anything, torch refuses CUDA in every child it forks. While it imports, torch answers "is there
+    a GPU" from NVML, which does not reach the driver (``PYTORCH_NVML_BASED_CUDA_CHECK=1``), and the calls
+    that would reach the driver (:data:`_CUDA_CALLS`, NVML's fallback among them) raise instead, so a module
+    that asks at import time is left for the children to import (the ready message names it and the line
+    that asked). Before it reports ready it forks a probe that asks torch whether its forks are poisoned
+    and, on a GPU machine, runs a kernel; a fork that cannot use the GPU, or a Python thread left running
+    by an import, makes it refuse to serve, and the caller starts plain processes instead.
+
+    Protocol: JSON lines on two pipes (``request_fd``, ``reply_fd``). The server first says
+    ``{"ready": true, ...}`` or ``{"ready": false, "reason": ...}``; a request ``{"id", "argv", "env",
+    "cwd", "time_limit", "stdout", "stderr"}`` is answered ``{"id", "pid"}`` once forked and ``{"id",
+    "exit", "timed_out"}`` once reaped (``exit`` as :attr:`subprocess.Popen.returncode`: negative for a
+    signal). End of the request pipe stops the server and every child still running. :class:`ForkServer`
+    starts this file by path, so the CUDA guard is in place before anything imports torch.
+    """
     started = time.perf_counter()
     if sys.path and sys.path[0] == "":  # as ``python -m pytest`` has it: the working directory, by its path
         sys.path[0] = os.getcwd()

@@ -26,8 +26,8 @@ _GROUP_SUFFIX = "/speedup (geometric mean)"
 class Thresholds:
     """``floor`` and ``noise_factor``: the band of one time or speed-up, ``max(floor, noise_factor x
     spread)``; ``speedup_floor`` and ``group_noise_factor``: the band of a group's mean speed-up,
-    ``max(speedup_floor, group_noise_factor x standard error)``. The default 25% floor: on the H200 a
-    rerun moved a group's mean by at most 11%, a runner 2 ms slower per call by 44% or more."""
+    ``max(speedup_floor, group_noise_factor x standard error)``. The default speed-up floor lies between
+    how far a rerun moved a group's mean and how far a slowed runner moved it (README, Benchmarks)."""
 
     floor: float = 0.15
     noise_factor: float = 3.0

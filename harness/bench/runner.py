@@ -43,8 +43,8 @@ SIZES: dict[str, ModelConfig] = {
     "large": ModelConfig(vocab_size=32000, hidden_size=1024, intermediate_size=4096, num_layers=8, num_heads=16),
 }
 # The full table (README) and the regression-check set: one token and four requests of 31 tokens, the
-# batches where replay buys most and least, in the buckets they use. On the H200 a runner 2 ms slower
-# per call moved every model's mean speed-up over these two rows by 44% or more, a rerun by 11% at most.
+# batches where replay buys most and least, in the buckets they use. Over these two rows a slowed runner
+# moves every model's mean speed-up well past the gate, a rerun stays well within it (README, Benchmarks).
 FULL = {"compositions": "1;3;2,2,2,2;4,4,4,4;8,8,8,7", "buckets": "4,8,16,32"}
 QUICK = {"compositions": "1;8,8,8,7", "buckets": "4,32"}
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -16,7 +16,7 @@ from harness.runner import ForwardBatch, LayerStackRunner
 
 __all__ = ["SLOWDOWN_S", "SlowedRunner", "EagerFallbackRunner", "gather_with_extra_kernel"]
 
-SLOWDOWN_S = 0.002  # host time the slowed runner adds to every replay: about 2x a tiny model's replay on an H200
+SLOWDOWN_S = 0.002  # host time the slowed runner adds to every replay: more than a tiny model's replay on a GPU
 
 
 class SlowedRunner(LayerStackRunner):

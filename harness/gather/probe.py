@@ -85,8 +85,8 @@ def probe(spec: str, cases: Sequence[ProbeCase], *, device: str, timeout: float 
     """Run implementation ``spec`` (a registered name or ``pkg.mod:attr``) on ``cases`` in child processes.
 
     On CUDA each invalid case gets a child of its own and the children run at once: a device-side
-    assert ends a child's usefulness, and a child costs a CUDA context and a compile (one after another,
-    the five index-domain cases took a minute on an H200). On the CPU one child runs them in order.
+    assert ends a child's usefulness, and a child costs a CUDA context and a compile (so run one after
+    another, the index-domain cases add up). On the CPU one child runs them in order.
     """
     if not device.startswith("cuda"):
         return _probe_in_turn(spec, list(cases), device, timeout)

@@ -31,7 +31,7 @@ def _profiles() -> dict[str, settings]:
     # ci and the kill matrix report the first failing example as found: shrinking re-runs a captured model per
     # step, and the kill matrix needs only "some test fails". dev and nightly shrink.
     no_shrinking = [Phase.explicit, Phase.reuse, Phase.generate]
-    # dev is the local loop, where most new examples are a new Inductor compile (CHANGELOG: its count).
+    # dev is the local loop, where most new examples are a new Inductor compile (README: a first run's time).
     return {
         "dev": settings(max_examples=5, **common),
         "ci": settings(max_examples=25, derandomize=True, database=None, phases=no_shrinking, **common),

@@ -41,13 +41,11 @@ PROCESSES_PER_GPU = 8
 TEST_SECONDS = 300.0
 PROCESS_SECONDS = 1500.0
 # A mutant whose last kill took this long or longer is started before the others: started in registration
-# order, the six slow ones (rank-pool and child-process tests, 21 to 32 s each on the H200) began at 40 s
-# and ended the mutants' share of the matrix at 76 s.
+# order, the slow kills (rank-pool and child-process tests) began late and were the last runs to end.
 SLOW_KILL_SECONDS = 10.0
 # Where the references run beside the mutants' slots they are the matrix's longest run (a whole suite each),
-# and the mutants' processes slowed them: 20 processes on 16 cores, 82 s for the 45 s the same tests take
-# alone. The mutants' processes run at this lower CPU priority (a nice value added), so they take the cores
-# the references' session leaves idle.
+# and the mutants' processes, more than there are cores, slowed them. The mutants' processes run at this lower
+# CPU priority (a nice value added), so they take the cores the references' session leaves idle.
 MUTANT_NICENESS = 10
 
 
@@ -347,7 +345,7 @@ def run_selfcheck(*, components: list[str], graph_backend: str, device: str, job
     start_order = sorted(mutants, key=lambda impl: (impl.component, impl.name, backend) not in slow)
     cores = os.cpu_count() or 1
     # Where references are spread over xdist workers they run beside the mutants' slots, not in them:
-    # a reference holding a slot for its whole suite left the mutants one slot of four on the H200.
+    # a reference holding a slot for its whole suite would leave the mutants few slots on a GPU machine.
     beside = reference_workers() > 1
     processes = jobs + len(references) * reference_workers() if beside else jobs
     niceness = MUTANT_NICENESS if beside else 0

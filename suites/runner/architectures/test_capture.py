@@ -128,7 +128,7 @@ def test_no_layer_diverges(architecture_runner, device, name):
 
 
 # The zoo is captured in shards, so that under pytest-xdist several workers capture at once (the whole zoo
-# on one worker was the suites' longest step on the H200: 33 s of 72).
+# on one worker was the suites' longest step on a GPU run).
 CAPTURE_SHARDS = 8
 
 

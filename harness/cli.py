@@ -16,7 +16,7 @@ from harness import components, impls, locations, selfcheck
 from harness.devices import BACKEND_CHOICES, DEVICE_CHOICES, resolve
 from harness.errors import HarnessError
 
-__all__ = ["main"]
+__all__ = ["build_parser", "main"]
 
 
 def _chosen_components(arguments: argparse.Namespace) -> list[str]:
@@ -160,8 +160,8 @@ def _invoked_as() -> str:
     return name if name and name not in ("__main__.py", "-c") and not name.startswith("python") else "python -m harness"
 
 
-def main(argv: list[str] | None = None, *, prog: str | None = None) -> int:
-    prog = prog or _invoked_as()
+def build_parser(prog: str = "python -m harness") -> argparse.ArgumentParser:
+    """The command line of every subcommand but ``bench``, whose options :mod:`harness.bench.command` owns."""
     parser = argparse.ArgumentParser(
         prog=prog, description="Correctness harness for LLM-inference graph optimisations: list what can be "
                                "tested, run the mutant kill matrix, run benchmarks.",
@@ -206,11 +206,17 @@ def main(argv: list[str] | None = None, *, prog: str | None = None) -> int:
     conform.add_argument("--graph-backend", choices=BACKEND_CHOICES, default="auto")
     conform.add_argument("--jobs", type=int, default=1, help="pytest-xdist workers (default 1: no xdist)")
     conform.add_argument("--hypothesis-profile", default="ci",
-                         help="profile of the suite's property tests (default ci: 25 derandomized examples, shrunk)")
+                         help="hypothesis profile of the suite's property tests: dev, ci or nightly (default ci: 25 "
+                              "derandomized examples, no shrinking, so a failure is reported as found)")
     conform.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
                          help="stop the suite after this long and report what finished (the rest: not run)")
     conform.add_argument("--out", default="conformance", help="folder for the Markdown and JSON (default ./conformance)")
     commands.add_parser("bench", help="benchmarks that print a table and write JSON (bench --help)", add_help=False)
+    return parser
+
+
+def main(argv: list[str] | None = None, *, prog: str | None = None) -> int:
+    parser = build_parser(prog or _invoked_as())
     arguments, rest = parser.parse_known_args(argv)
     if arguments.command != "bench" and rest:
         parser.error(f"unrecognised arguments: {' '.join(rest)}")

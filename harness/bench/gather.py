@@ -1,4 +1,4 @@
-"""``python -m harness bench gather``: launches and GPU time of the gather, plain and inside a graph.
+"""``python -m harness bench gather``: what the compiled gather saves, as plain calls and inside a graph.
 
 Measures eager, the compiled reference and the candidate (``--impl gather=SPEC``); the candidate's
 figures are what a baseline holds. ``docs/gather.md`` (The benchmark) describes the table."""

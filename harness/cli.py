@@ -41,7 +41,8 @@ def _list(arguments: argparse.Namespace) -> int:
         for label, value in fields:
             print(f"  {label:<10} {value}")
         mutants = impls.mutants(name)
-        print(f"  mutants    {len(mutants)}, each selected by --impl {row.name}=mutant:NAME; the suite must kill every one:")
+        print(f"  mutants    {len(mutants)}, each selected by --impl {row.name}=mutant:NAME; "
+              "the suite must kill every one:")
         width = max((len(m.name) for m in mutants), default=0)
         for mutant in mutants:
             print(f"    {mutant.name.removeprefix('mutant:'):<{width - len('mutant:')}}  {mutant.bug}")
@@ -83,7 +84,8 @@ def _progress_printer(started: float):
     lock = threading.Lock()
 
     def finished(outcome: Any) -> None:
-        to_kill = "" if outcome.seconds_to_first_failure is None else f", {outcome.seconds_to_first_failure:.1f} s to kill"
+        to_kill = ("" if outcome.seconds_to_first_failure is None
+                   else f", {outcome.seconds_to_first_failure:.1f} s to kill")
         with lock:
             print(f"[{time.perf_counter() - started:5.0f} s] {outcome.component} {outcome.spec}: {outcome.verdict} "
                   f"({outcome.seconds:.1f} s{to_kill})", file=sys.stderr, flush=True)
@@ -197,9 +199,9 @@ def build_parser(prog: str = "python -m harness") -> argparse.ArgumentParser:
                          help="print a GitHub error annotation for each failed test in this JUnit XML (repeatable)")
     conform = commands.add_parser(
         "conformance", help="run one component's suite against --impl and report which contract clauses hold",
-        description="One row per contract clause (harness/conformance/clauses.py): held, violated (with the first falsifying "
-                    "example) or not run; core violations (wrong results) first, then strict ones (what the harness "
-                    "requires to raise). Writes Markdown and JSON; exits 1 when a clause is violated.")
+        description="One row per contract clause (harness/conformance/clauses.py): held, violated (with the first "
+                    "falsifying example) or not run; core violations (wrong results) first, then strict ones (what the "
+                    "harness requires to raise). Writes Markdown and JSON; exits 1 when a clause is violated.")
     conform.add_argument("--impl", required=True, metavar="COMPONENT=SPEC",
                          help="the implementation: reference, mutant:NAME, an engine adapter (sglang) or pkg.mod:attr")
     conform.add_argument("--device", choices=DEVICE_CHOICES, default="auto")
@@ -210,7 +212,8 @@ def build_parser(prog: str = "python -m harness") -> argparse.ArgumentParser:
                               "derandomized examples, no shrinking, so a failure is reported as found)")
     conform.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
                          help="stop the suite after this long and report what finished (the rest: not run)")
-    conform.add_argument("--out", default="conformance", help="folder for the Markdown and JSON (default ./conformance)")
+    conform.add_argument("--out", default="conformance",
+                         help="folder for the Markdown and JSON (default ./conformance)")
     commands.add_parser("bench", help="benchmarks that print a table and write JSON (bench --help)", add_help=False)
     return parser
 

@@ -149,13 +149,15 @@ def _walk(actual: Any, expected: Any, *, exact: bool, where: str, problems: list
             problems.append(message)
     elif isinstance(expected, Mapping):
         if not isinstance(actual, Mapping) or set(actual) != set(expected):
-            problems.append(f"keys differ at {where or 'output'}: actual {_keys(actual)} vs expected {sorted(map(str, expected))}")
+            problems.append(f"keys differ at {where or 'output'}: actual {_keys(actual)} vs expected "
+                            f"{sorted(map(str, expected))}")
             return
         for key in expected:
             _walk(actual[key], expected[key], exact=exact, where=f"{where}[{key!r}]", problems=problems)
     elif isinstance(expected, (tuple, list)):
         if not isinstance(actual, (tuple, list)) or len(actual) != len(expected):
-            problems.append(f"structure differs at {where or 'output'}: actual {_shape_of(actual)} vs expected {_shape_of(expected)}")
+            problems.append(f"structure differs at {where or 'output'}: actual {_shape_of(actual)} vs expected "
+                            f"{_shape_of(expected)}")
             return
         for i, (a, e) in enumerate(zip(actual, expected)):
             _walk(a, e, exact=exact, where=f"{where}[{i}]", problems=problems)

@@ -18,8 +18,9 @@ if TYPE_CHECKING:
 
     from harness.graphs import GraphBackend
 
-__all__ = ["BACKEND_CHOICES", "COMPILE_THREADS_VARIABLE", "DEVICE_CHOICES", "EXPERTS_IMPLEMENTATIONS", "EXPERTS_VARIABLE", "Placement", "resolve",
-           "resolve_device", "experts_implementation", "use_one_compile_worker"]
+__all__ = ["BACKEND_CHOICES", "COMPILE_THREADS_VARIABLE", "DEVICE_CHOICES", "EXPERTS_IMPLEMENTATIONS",
+           "EXPERTS_VARIABLE", "Placement", "resolve", "resolve_device", "experts_implementation",
+           "use_one_compile_worker"]
 
 COMPILE_THREADS_VARIABLE = "TORCHINDUCTOR_COMPILE_THREADS"
 
@@ -115,6 +116,7 @@ def experts_implementation(requested: str | None = None) -> str:
     (:data:`EXPERTS_VARIABLE`), else ``batched_mm``; an unknown name is a :class:`UsageError`."""
     name = requested or os.environ.get(EXPERTS_VARIABLE) or EXPERTS_IMPLEMENTATIONS[0]
     if name not in EXPERTS_IMPLEMENTATIONS:
-        raise UsageError(f"unknown experts implementation {name!r} (from {'the argument' if requested else EXPERTS_VARIABLE}); "
+        raise UsageError(f"unknown experts implementation {name!r} (from "
+                         f"{'the argument' if requested else EXPERTS_VARIABLE}); "
                          f"choose one of {', '.join(EXPERTS_IMPLEMENTATIONS)}")
     return name

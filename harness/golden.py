@@ -355,7 +355,8 @@ class GoldenExtension(SingleFileSnapshotExtension):
             yield from super().diff_lines(serialized_data, snapshot_data)
             return
         lines = list(_differences(actual, expected, ""))
-        yield f"golden {os.path.relpath(getattr(self, '_last_location', '.'))}: {len(lines)} difference(s) (- golden, + now)"
+        where = os.path.relpath(getattr(self, "_last_location", "."))
+        yield f"golden {where}: {len(lines)} difference(s) (- golden, + now)"
         yield from lines[:40]
         if len(lines) > 40:
             yield f"... and {len(lines) - 40} more"

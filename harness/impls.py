@@ -136,7 +136,8 @@ def _import_user_module(component: str, spec: str, module_name: str) -> Any:
     try:
         return importlib.import_module(module_name)
     except ModuleNotFoundError as error:
-        if error.name and (module_name == error.name or module_name.startswith(error.name + ".")):  # the module itself, or a package above it
+        # The module itself, or a package above it.
+        if error.name and (module_name == error.name or module_name.startswith(error.name + ".")):
             raise ImplementationError(
                 f"--impl {component}={spec}: module {module_name!r} cannot be imported ({error}). "
                 "Is the package installed in this environment, or its folder on PYTHONPATH?"

@@ -85,14 +85,15 @@ def _measure(role: str, gather: Callable[..., Any], *, device: torch.device, bac
             weight = torch.randn(settings["hidden_size"], 256, generator=generator).to(device, hidden_spec.dtype)
             projected = torch.empty(64, 256, device=device, dtype=hidden_spec.dtype)
 
-            def neighbour() -> None:
+            def neighbour(activation: torch.Tensor = activation, weight: torch.Tensor = weight,
+                          projected: torch.Tensor = projected) -> None:
                 torch.mm(activation, weight, out=projected)
 
             neighbour_graph = capturer.capture(neighbour)
             for count in settings["counts"]:
                 indices = torch.randint(0, settings["pool"], (count,), generator=generator).to(device)
 
-                def call(indices: torch.Tensor = indices) -> Any:
+                def call(indices: torch.Tensor = indices, buffers: Any = buffers) -> Any:
                     return gather(indices, *buffers)
 
                 def step(call: Callable[[], Any] = call) -> Any:
@@ -197,11 +198,13 @@ def format_table(result: Result, *, device: torch.device) -> str:
         if on_cuda:
             line += (f" {format_stat(row['plain_us'], digits=1):>14} {format_stat(row['plain_wall_us'], digits=1):>14}"
                      f" {format_stat(row.get('plain_vs_eager'), unit='x'):>12}"
-                     f" {format_stat(row['graph_us'], digits=1):>14} {format_stat(row.get('graph_vs_eager'), unit='x'):>12}")
+                     f" {format_stat(row['graph_us'], digits=1):>14} "
+                     f"{format_stat(row.get('graph_vs_eager'), unit='x'):>12}")
         lines.append(line)
     lines.append("")
     lines += [f"{role}: {t['graphs']} graphs compiled, "
-              + (f"first calls {t['first_calls_s']:.2f} s (compile included), " if t["first_calls_s"] is not None else "")
+              + (f"first calls {t['first_calls_s']:.2f} s (compile included), "
+                 if t["first_calls_s"] is not None else "")
               + f"{t['failed_frames']} frames fell back to eager, {t['graph_breaks']} graph breaks"
               for role, t in totals.items()]
     lines.append("'in graph': launches of one replay of [neighbour matmul + gather] minus the neighbour's alone"

@@ -32,7 +32,8 @@ from harness.runner.divergence import (
     format_divergence_table,
 )
 
-__all__ = ["COMPONENTS", "SIZES", "FULL", "QUICK", "add_options", "settings_of", "arguments_for", "run", "figures_of", "format_table", "plot"]
+__all__ = ["COMPONENTS", "SIZES", "FULL", "QUICK", "add_options", "settings_of", "arguments_for", "run", "figures_of",
+           "format_table", "plot"]
 
 COMPONENTS = ("runner",)
 DESCRIPTION = __doc__.splitlines()[0]

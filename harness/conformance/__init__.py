@@ -152,7 +152,8 @@ def run_conformance(*, component: str, spec: str, device: str = "auto", graph_ba
                           engine=_engine(component, spec), device=resolved.type, graph_backend=backend,
                           environment=_environment(resolved), command=display)
     if stopped:
-        report.stopped = f"stopped at the time limit of {time_limit:.0f} s: tests that had not finished count as not run"
+        report.stopped = (f"stopped at the time limit of {time_limit:.0f} s: tests that had not finished count as "
+                          "not run")
     return report
 
 
@@ -275,7 +276,8 @@ def _cell(text: str) -> str:
 def format_markdown(report: ConformanceReport) -> str:
     """The report as Markdown, to paste into a pull request or a CI step summary."""
     out = [f"## {_title(report)}", "", f"- **{report.headline(_clauses.CORE)}**",
-           f"- {report.headline(_clauses.STRICT)}", *([f"- **incomplete**: {report.stopped}"] if report.stopped else []),
+           f"- {report.headline(_clauses.STRICT)}",
+           *([f"- **incomplete**: {report.stopped}"] if report.stopped else []),
            "",
            "Tiers: **core**: " + _clauses.TIERS[_clauses.CORE] + "; **strict**: " + _clauses.TIERS[_clauses.STRICT]
            + ".", "", "| tier | clause | verdict | tests passed | first falsifying example |",

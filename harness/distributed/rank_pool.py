@@ -87,10 +87,9 @@ def _tear_down_group() -> None:
     import torch.distributed as dist
 
     if dist.is_initialized():
-        try:
+        # A broken group may refuse a clean shutdown; it is gone either way.
+        with contextlib.suppress(Exception):
             dist.destroy_process_group()
-        except Exception:  # noqa: BLE001 - a broken group may refuse a clean shutdown; it is gone either way
-            pass
 
 
 def _exit_with_the_parent(parent: int) -> None:

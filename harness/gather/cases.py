@@ -111,8 +111,8 @@ class BufferSpec:
 
     def describe(self) -> str:
         slots = "pool" if self.pool is None else f"{self.pool}"
-        return f"[{slots}, {', '.join(map(str, self.trailing))}] {str(self.dtype).removeprefix('torch.')} {self.layout}".replace(
-            ", ]", "]")
+        dtype = str(self.dtype).removeprefix("torch.")
+        return f"[{slots}, {', '.join(map(str, self.trailing))}] {dtype} {self.layout}".replace(", ]", "]")
 
 
 @dataclasses.dataclass
@@ -148,7 +148,8 @@ class GatherCase:
         if self.index_values is not None and len(self.index_values) != self.count:
             raise GatherContractError(
                 f"index_values has {len(self.index_values)} entries but count is {self.count}")
-        small = [spec.pool for spec in self.specs if spec is not None and spec.pool is not None and spec.pool < self.pool]
+        small = [spec.pool for spec in self.specs
+                 if spec is not None and spec.pool is not None and spec.pool < self.pool]
         if small:
             raise GatherContractError(f"a buffer's own pool ({small[0]}) is below the case's pool ({self.pool}): the "
                                       "case's pool is the smallest, the domain of its indices")

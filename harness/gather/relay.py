@@ -90,7 +90,8 @@ class SpecExtrasRelay:
         if wrapped.unique().numel() != wrapped.numel():
             raise GatherContractError(f"stash slots {slots.tolist()} name a slot twice; each slot holds one request")
         count = slots.numel()
-        for name, value, buffer in (("topk_p", topk_p, self.topk_p_buf), ("topk_index", topk_index, self.topk_index_buf),
+        for name, value, buffer in (("topk_p", topk_p, self.topk_p_buf),
+                                    ("topk_index", topk_index, self.topk_index_buf),
                                     ("output_tokens", output_tokens, self.output_tokens_buf),
                                     ("hidden_states", hidden_states, self.hidden_states_buf)):
             self._check_values(name, value, buffer, count)

@@ -63,7 +63,8 @@ class _ExternalTensor:
                 "already hold other data. Keep static inputs alive as long as the graph."
             )
         with torch.no_grad():
-            return torch.empty((0,), dtype=self.dtype, device=self.device).set_(storage, self.offset, self.size, self.stride)
+            return torch.empty((0,), dtype=self.dtype, device=self.device).set_(storage, self.offset, self.size,
+                                                                                 self.stride)
 
 
 @dataclasses.dataclass

@@ -54,7 +54,8 @@ class _NoWritebackGraph(BreakableGraph):
         step.fn(*step.args, **step.kwargs)
 
 
-@MUTANTS.add("no-writeback", bug="break outputs are recomputed at replay but not written back into the captured buffers")
+@MUTANTS.add("no-writeback",
+             bug="break outputs are recomputed at replay but not written back into the captured buffers")
 class NoWriteback(GraphCapturer):
     graph_class = _NoWritebackGraph
 
@@ -443,9 +444,10 @@ class _RawMemoryGraph(BreakableGraph):
         step.output = write_back(step.output, step.fn(*step.args, **step.kwargs), copy_tensor=_copy_raw_memory)
 
 
-@MUTANTS.add("writeback-copies-raw-memory", bug="write-back copies a break's new tensor as raw memory from the captured "
-         "view's first address instead of element by element through its strides: right for dense tensors, "
-         "scrambles column slices of a fused buffer and transposed views")
+@MUTANTS.add("writeback-copies-raw-memory",
+             bug="write-back copies a break's new tensor as raw memory from the captured view's first address instead "
+                 "of element by element through its strides: right for dense tensors, scrambles column slices of a "
+                 "fused buffer and transposed views")
 class WritebackCopiesRawMemory(GraphCapturer):
     graph_class = _RawMemoryGraph
 

@@ -31,9 +31,9 @@ class AgreesOnlyWhenPadding(LayerStackRunner):
         return super().group_rows(batch)
 
 
-@MUTANTS.add("bucket-from-local-batch", bug="picks the bucket from its own rank's batch, not the group's largest: ranks "
-                    "whose batches arrive differently padded replay graphs of different sizes, whose collectives "
-                    "cannot meet")
+@MUTANTS.add("bucket-from-local-batch",
+             bug="picks the bucket from its own rank's batch, not the group's largest: ranks whose batches arrive "
+                 "differently padded replay graphs of different sizes, whose collectives cannot meet")
 class BucketFromLocalBatch(LayerStackRunner):
     def group_rows(self, batch: ForwardBatch) -> int:
         return self.rows(batch)

@@ -341,7 +341,8 @@ def format_markdown(report: dict[str, Any] | None = None, kill_matrix: list[dict
     if kill_matrix is not None:
         out += ["", "### Kill matrix", "", "| component | implementation | verdict | seconds | first failing test |",
                 "| --- | --- | --- | --- | --- |"]
-        out += [f"| {o['component']} | {o['spec']} | {o['verdict']} | {o['seconds']:.1f} | `{o['first_failure'] or '-'}` |"
+        out += [f"| {o['component']} | {o['spec']} | {o['verdict']} | {o['seconds']:.1f} | "
+                f"`{o['first_failure'] or '-'}` |"
                 for o in kill_matrix]
     return "\n".join(out) + "\n"
 

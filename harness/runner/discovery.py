@@ -216,7 +216,8 @@ def discover_layer_model(model: nn.Module, *, rules: Sequence[DiscoveryRule] | D
     where = f"model.{chosen.path}" if chosen.path else "the model itself"
     message = (
         f"no transformer layer stack found in {type(model).__name__}: none of the paths {list(tried)} holds "
-        f"a decoder-layer list ({'/'.join(LAYER_LIST_NAMES)}) without an LM head; falling back to {where} ({type(chosen.module).__name__}). Its forward "
+        f"a decoder-layer list ({'/'.join(LAYER_LIST_NAMES)}) without an LM head; falling back to {where} "
+        f"({type(chosen.module).__name__}). Its forward "
         "holds batch-size dependent code, so only single-request batches can replay its graph."
     )
     if strict:

@@ -239,7 +239,8 @@ class LayerStackRunner:
         def hook_for(index: int) -> Callable[..., None]:
             def hook(module: nn.Module, args: Any, output: Any) -> None:
                 first = output if isinstance(output, torch.Tensor) else next(
-                    (item for item in (output if isinstance(output, (tuple, list)) else ()) if isinstance(item, torch.Tensor)),
+                    (item for item in (output if isinstance(output, (tuple, list)) else ())
+                     if isinstance(item, torch.Tensor)),
                     None)
                 if first is not None:
                     # The last call wins: on CUDA the warm-up runs first, the capture last.

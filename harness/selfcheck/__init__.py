@@ -25,9 +25,10 @@ from harness.devices import resolve, use_one_compile_worker
 from harness.selfcheck.fork_server import ForkServer, ForkServerUnavailable, lower_priority
 from harness.selfcheck.fork_server import available as fork_server_available
 
-__all__ = ["Outcome", "HINTS_PATH", "default_jobs", "run_one", "run_references", "run_selfcheck", "judge", "format_matrix", "write_json",
-           "read_hints", "read_slow_kills", "hinted_test", "write_hints", "child_environment", "fork_server_wanted", "TEST_SECONDS", "PROCESS_SECONDS",
-           "SLOW_KILL_SECONDS", "MUTANT_NICENESS"]
+__all__ = ["Outcome", "HINTS_PATH", "default_jobs", "run_one", "run_references", "run_selfcheck", "judge",
+           "format_matrix", "write_json", "read_hints", "read_slow_kills", "hinted_test", "write_hints",
+           "child_environment", "fork_server_wanted", "TEST_SECONDS", "PROCESS_SECONDS", "SLOW_KILL_SECONDS",
+           "MUTANT_NICENESS"]
 
 _FAILED_LINE = re.compile(r"^(?:FAILED|ERROR) (\S+)", re.MULTILINE)
 # Which test killed which mutant last, per graph backend; relative to the project root.
@@ -61,7 +62,8 @@ class Outcome:
     component: str
     spec: str
     kind: str
-    verdict: str  # passed / killed / survived / failed / error / not judged / timed out / skipped (not run on this backend)
+    # passed / killed / survived / failed / error / not judged / timed out / skipped (not run on this backend)
+    verdict: str
     first_failure: str
     seconds: float  # the whole process
     command: str

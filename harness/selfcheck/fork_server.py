@@ -147,7 +147,8 @@ def _plugin_modules() -> list[str]:
     plugins = [after for word, after in zip(words, words[1:]) if word == "-p"]
     plugins += [word[2:] for word in words if word.startswith("-p") and len(word) > 2]  # -pno:NAME
     blocked = {plugin.removeprefix("no:") for plugin in plugins if plugin.startswith("no:")}
-    return modules + [entry.value.split(":")[0] for entry in entry_points(group="pytest11") if entry.name not in blocked]
+    return modules + [entry.value.split(":")[0] for entry in entry_points(group="pytest11")
+                      if entry.name not in blocked]
 
 
 def _skip_reason(error: BaseException, guard: _CudaGuard) -> str:
@@ -200,9 +201,9 @@ def _fork_defect(gpus: int | None) -> str:
         try:
             if torch.cuda._is_in_bad_fork():
                 reason = "torch marks this process's forks as unable to use CUDA"
-            elif (gpus if gpus is not None else getattr(torch._C, "_cuda_getDeviceCount", lambda: 0)()) > 0:
-                if torch.ones(1, device="cuda").add_(1).item() != 2:
-                    reason = "a kernel in a forked child computed a wrong value"
+            elif ((gpus if gpus is not None else getattr(torch._C, "_cuda_getDeviceCount", lambda: 0)()) > 0
+                  and torch.ones(1, device="cuda").add_(1).item() != 2):
+                reason = "a kernel in a forked child computed a wrong value"
         except BaseException as error:  # noqa: BLE001 - the probe reports whatever stopped it
             reason = f"a forked child cannot use the GPU ({type(error).__name__}: {str(error)[:200]})"
         _write_all(write_end, reason.encode())
@@ -227,10 +228,8 @@ def _os_threads() -> list[str] | None:
         return None
     names = []
     for task in tasks:
-        try:
+        with contextlib.suppress(OSError):  # it ended meanwhile
             names.append(Path(f"/proc/self/task/{task}/comm").read_text().strip())
-        except OSError:  # it ended meanwhile
-            pass
     return names
 
 
@@ -281,10 +280,8 @@ def _child(request: dict[str, Any], request_fd: int, reply_fd: int) -> None:
         traceback.print_exc()
     finally:
         for stream in (sys.stdout, sys.stderr):
-            try:
+            with contextlib.suppress(BaseException):  # exiting regardless
                 stream.flush()
-            except BaseException:  # noqa: BLE001, S110 - exiting regardless
-                pass
         os._exit(code)
 
 
@@ -340,10 +337,9 @@ def serve(request_fd: int, reply_fd: int, preload: Sequence[str]) -> None:
     try:
         skipped = _preload(preload, guard)
         if "torch" in sys.modules:
-            try:
-                gpus = sys.modules["torch"].cuda.device_count()  # NVML's count: the driver stays untouched
-            except _CudaAsked:  # NVML could not count; the probe child asks the driver itself
-                pass
+            # NVML's count: the driver stays untouched. Where NVML could not count, the probe child asks the driver.
+            with contextlib.suppress(_CudaAsked):
+                gpus = sys.modules["torch"].cuda.device_count()
     finally:
         guard.remove()
         if caller_nvml_check is None:
@@ -414,10 +410,8 @@ def serve(request_fd: int, reply_fd: int, preload: Sequence[str]) -> None:
 
 
 def _kill_group(pid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):  # already gone
         os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):  # already gone
-        pass
 
 
 # --- the client (runs in the selfcheck process) --------------------------------------------------------
@@ -443,7 +437,8 @@ class ForkServer:
                  niceness: int = 0) -> None:
         """``niceness``: added to the server's nice value, and so to every child it forks."""
         self.environment = dict(environment)
-        self._log = tempfile.TemporaryFile()
+        # Open for the server's whole life (its output, read when it fails to start); close() closes it.
+        self._log = tempfile.TemporaryFile()  # noqa: SIM115 - outlives this method, closed by close()
         request_read, self._request_write = os.pipe()
         self._reply_read, reply_write = os.pipe()
         boot = "import runpy, sys; sys.argv.pop(0); runpy.run_path(sys.argv[0], run_name='__main__')"

@@ -1,9 +1,8 @@
-"""Correctness and regression harness for LLM-inference graph optimisations.
+"""Correctness and regression harness for LLM-inference graph optimisations: the public facade.
 
-The public facade: the component table, comparison, errors and graph backends. Components
-(``harness.graphs``, ``harness.runner``, ``harness.gather``) are importable on their own. Names load on
-first use, so ``import harness`` (as the pytest plugin does in every run) imports no torch.
-"""
+Safe to use: every name in ``__all__`` (the component table, comparison, errors, graph backends).
+Components (``harness.graphs``, ``harness.runner``, ``harness.gather``) import on their own; names load
+on first use, so ``import harness`` imports no torch."""
 
 from __future__ import annotations
 

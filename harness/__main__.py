@@ -1,3 +1,4 @@
+"""``python -m harness``: runs :func:`harness.cli.main`."""
 import os
 import sys
 

@@ -1,22 +1,9 @@
-"""The engine's inputs: the batch a forward runs on, hidden-state modes, buckets, the forward context.
+"""The engine's inputs: :class:`ForwardBatch`, hidden-state modes, buckets, paged-KV metadata.
 
-Both floors above stand on this module: the model zoo (``harness.models``) reads the live batch
-from :func:`current_batch`, and runners (``harness.runner``) build, pad and publish batches.
-
-:class:`ForwardBatch` is a small stand-in for an engine's forward batch: the packed token ids and
-positions of several requests, where each request starts, and what the caller wants back
-(:class:`HiddenMode`, all logits). :meth:`ForwardBatch.padded_to` pads it to a bucket;
-:func:`select_bucket` picks the smallest bucket that fits.
-
-Engines hand attention its per-request metadata out of band, not through the layer stack's
-arguments, because a captured graph freezes arguments but an eager break runs again at every
-replay. :func:`forward_context` publishes the live batch for the duration of a forward;
-:func:`current_batch` is what attention reads. Runners set it around replays.
-
-Decode batches carry :class:`PagedKV`: where each token's key and value go in a paged KV cache
-(``slot_mapping``, :data:`PAD_SLOT` for padding, which writes nothing) and which cache slots each
-request reads (its block table and KV length), as engines hand them to their attention kernels.
-"""
+Safe to use: :class:`ForwardBatch` (``from_lengths``, ``padded_to``), :func:`select_bucket`,
+:class:`PagedKV` and :data:`PAD_SLOT`, and :func:`forward_context` / :func:`current_batch`, through which
+runners publish the live batch that attention reads out of band (a captured graph freezes arguments,
+an eager break does not). ``docs/runner.md`` describes batches."""
 
 from __future__ import annotations
 

@@ -1,13 +1,7 @@
-"""``python -m harness`` (also ``graph-harness``): list, selfcheck and benchmarks.
+"""``python -m harness`` (also ``graph-harness``): ``list``, ``selfcheck``, ``bench``, ``report``, ``conformance``.
 
-    python -m harness list [--component C ...]
-    python -m harness selfcheck [--component C ...] [--graph-backend B] [--device D] [--jobs N] [--json PATH]
-                                [--test-timeout S] [--process-timeout S] [--no-fork-server]
-    python -m harness bench runner|gather|tolerance [options; --help lists each benchmark's own]
-    python -m harness report [--run-report PATH] [--selfcheck PATH] [--annotate JUNIT_XML]  (CI step summary)
-    python -m harness conformance --impl COMPONENT=SPEC [--device D] [--graph-backend B] [--out DIR] [--jobs N]
-                                  [--time-limit SECONDS]
-"""
+:func:`build_parser` defines every subcommand and its options (``--help`` shows them); :func:`main` is
+the entry point."""
 
 from __future__ import annotations
 
@@ -22,7 +16,7 @@ from harness import components, impls, locations, selfcheck
 from harness.devices import BACKEND_CHOICES, DEVICE_CHOICES, resolve
 from harness.errors import HarnessError
 
-__all__ = ["main"]
+__all__ = ["build_parser", "main"]
 
 
 def _chosen_components(arguments: argparse.Namespace) -> list[str]:
@@ -47,7 +41,8 @@ def _list(arguments: argparse.Namespace) -> int:
         for label, value in fields:
             print(f"  {label:<10} {value}")
         mutants = impls.mutants(name)
-        print(f"  mutants    {len(mutants)}, each selected by --impl {row.name}=mutant:NAME; the suite must kill every one:")
+        print(f"  mutants    {len(mutants)}, each selected by --impl {row.name}=mutant:NAME; "
+              "the suite must kill every one:")
         width = max((len(m.name) for m in mutants), default=0)
         for mutant in mutants:
             print(f"    {mutant.name.removeprefix('mutant:'):<{width - len('mutant:')}}  {mutant.bug}")
@@ -89,7 +84,8 @@ def _progress_printer(started: float):
     lock = threading.Lock()
 
     def finished(outcome: Any) -> None:
-        to_kill = "" if outcome.seconds_to_first_failure is None else f", {outcome.seconds_to_first_failure:.1f} s to kill"
+        to_kill = ("" if outcome.seconds_to_first_failure is None
+                   else f", {outcome.seconds_to_first_failure:.1f} s to kill")
         with lock:
             print(f"[{time.perf_counter() - started:5.0f} s] {outcome.component} {outcome.spec}: {outcome.verdict} "
                   f"({outcome.seconds:.1f} s{to_kill})", file=sys.stderr, flush=True)
@@ -166,8 +162,8 @@ def _invoked_as() -> str:
     return name if name and name not in ("__main__.py", "-c") and not name.startswith("python") else "python -m harness"
 
 
-def main(argv: list[str] | None = None, *, prog: str | None = None) -> int:
-    prog = prog or _invoked_as()
+def build_parser(prog: str = "python -m harness") -> argparse.ArgumentParser:
+    """The command line of every subcommand but ``bench``, whose options :mod:`harness.bench.command` owns."""
     parser = argparse.ArgumentParser(
         prog=prog, description="Correctness harness for LLM-inference graph optimisations: list what can be "
                                "tested, run the mutant kill matrix, run benchmarks.",
@@ -203,20 +199,27 @@ def main(argv: list[str] | None = None, *, prog: str | None = None) -> int:
                          help="print a GitHub error annotation for each failed test in this JUnit XML (repeatable)")
     conform = commands.add_parser(
         "conformance", help="run one component's suite against --impl and report which contract clauses hold",
-        description="One row per contract clause (harness/conformance/clauses.py): held, violated (with the first falsifying "
-                    "example) or not run; core violations (wrong results) first, then strict ones (what the harness "
-                    "requires to raise). Writes Markdown and JSON; exits 1 when a clause is violated.")
+        description="One row per contract clause (harness/conformance/clauses.py): held, violated (with the first "
+                    "falsifying example) or not run; core violations (wrong results) first, then strict ones (what the "
+                    "harness requires to raise). Writes Markdown and JSON; exits 1 when a clause is violated.")
     conform.add_argument("--impl", required=True, metavar="COMPONENT=SPEC",
                          help="the implementation: reference, mutant:NAME, an engine adapter (sglang) or pkg.mod:attr")
     conform.add_argument("--device", choices=DEVICE_CHOICES, default="auto")
     conform.add_argument("--graph-backend", choices=BACKEND_CHOICES, default="auto")
     conform.add_argument("--jobs", type=int, default=1, help="pytest-xdist workers (default 1: no xdist)")
     conform.add_argument("--hypothesis-profile", default="ci",
-                         help="profile of the suite's property tests (default ci: 25 derandomized examples, shrunk)")
+                         help="hypothesis profile of the suite's property tests: dev, ci or nightly (default ci: 25 "
+                              "derandomized examples, no shrinking, so a failure is reported as found)")
     conform.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
                          help="stop the suite after this long and report what finished (the rest: not run)")
-    conform.add_argument("--out", default="conformance", help="folder for the Markdown and JSON (default ./conformance)")
+    conform.add_argument("--out", default="conformance",
+                         help="folder for the Markdown and JSON (default ./conformance)")
     commands.add_parser("bench", help="benchmarks that print a table and write JSON (bench --help)", add_help=False)
+    return parser
+
+
+def main(argv: list[str] | None = None, *, prog: str | None = None) -> int:
+    parser = build_parser(prog or _invoked_as())
     arguments, rest = parser.parse_known_args(argv)
     if arguments.command != "bench" and rest:
         parser.error(f"unrecognised arguments: {' '.join(rest)}")

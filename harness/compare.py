@@ -1,11 +1,8 @@
 """Equivalence checks between an implementation's output and its oracle, and their failure reports.
 
-One concept: :func:`assert_equivalent` walks two nested structures (tensors, tuples, lists, dicts,
-``None``, Python scalars) and compares them leaf by leaf, either bitwise or within the tolerance
-that :data:`TOLERANCES` gives for the dtype. A failure raises :class:`~harness.errors.MismatchError`
-whose message says where in the structure, how many elements differ, the largest difference and
-its index, and the context the caller passed (implementation, seed, shapes, a command to rerun).
-"""
+Safe to use: :func:`assert_equivalent` (compares nested structures leaf by leaf, bitwise or within
+:data:`TOLERANCES`, raising :class:`~harness.errors.MismatchError` that says where and by how much),
+:func:`tolerance_for` and :func:`bitwise_expected`."""
 
 from __future__ import annotations
 
@@ -152,13 +149,15 @@ def _walk(actual: Any, expected: Any, *, exact: bool, where: str, problems: list
             problems.append(message)
     elif isinstance(expected, Mapping):
         if not isinstance(actual, Mapping) or set(actual) != set(expected):
-            problems.append(f"keys differ at {where or 'output'}: actual {_keys(actual)} vs expected {sorted(map(str, expected))}")
+            problems.append(f"keys differ at {where or 'output'}: actual {_keys(actual)} vs expected "
+                            f"{sorted(map(str, expected))}")
             return
         for key in expected:
             _walk(actual[key], expected[key], exact=exact, where=f"{where}[{key!r}]", problems=problems)
     elif isinstance(expected, (tuple, list)):
         if not isinstance(actual, (tuple, list)) or len(actual) != len(expected):
-            problems.append(f"structure differs at {where or 'output'}: actual {_shape_of(actual)} vs expected {_shape_of(expected)}")
+            problems.append(f"structure differs at {where or 'output'}: actual {_shape_of(actual)} vs expected "
+                            f"{_shape_of(expected)}")
             return
         for i, (a, e) in enumerate(zip(actual, expected)):
             _walk(a, e, exact=exact, where=f"{where}[{i}]", problems=problems)

@@ -1,29 +1,8 @@
-"""The component table: every optimisation the harness verifies, declared once.
+"""The component table: every optimisation the harness verifies, one :class:`Component` row each.
 
-A *component* is one thing a user can swap in with ``--impl COMPONENT=SPEC``. Its row names, as
-``module:attribute`` strings that are imported only when needed (so this module imports nothing of
-the harness and every other module may read it):
-
-* ``package``: the library package of the component;
-* ``reference``: the reference implementation (what ``--impl COMPONENT=reference`` selects);
-* ``oracle``: what the suites compare a candidate against (eager execution or a closed form);
-* ``validator``: ``validator(candidate, spec, *, smoke=True)`` returns the candidate in the form the
-  suites call, or raises :class:`~harness.errors.ImplementationError` saying in one line what is
-  wrong: the signature first, then (with ``smoke``, for ``--impl package.module:attribute``) a
-  smoke call on a tiny case (helpers in :mod:`harness.impls`);
-* ``mutants``: the module holding the component's :class:`~harness.mutants.MutantSet` as ``MUTANTS``;
-* ``suite`` and ``doc``: paths relative to the project root;
-* ``fixture``: the name of the pytest fixture that yields the selected implementation, and
-  ``binds_backend``: whether that fixture calls the implementation with the selected graph backend
-  first (a capturer factory yields a capturer);
-* ``also_registered``: further names users may select (``--impl gather=eager``);
-* ``adapters``: engines' shipped code behind the component's interface (``--impl graphs=sglang``):
-  name -> ``loader(*, graph_backend)``, which imports the engine only when selected and returns the
-  implementation, or raises one line saying what to install (:mod:`harness.adapters`).
-
-Adding a component is one new row here plus new files; ``docs/adding-a-component.md`` is the recipe
-and ``tests/test_components.py`` checks every row.
-"""
+Rows name their parts as ``module:attribute`` strings imported only when needed, so this module imports
+nothing of the harness. Adding a component is one row plus new files: ``docs/adding-a-component.md``
+explains each field; ``tests/test_components.py`` checks every row."""
 
 from __future__ import annotations
 
@@ -37,7 +16,7 @@ __all__ = ["Component", "COMPONENTS", "component_names", "get_component", "resol
 
 @dataclasses.dataclass(frozen=True)
 class Component:
-    """One row of the component table (see the module docstring for each field)."""
+    """One row of the component table; ``docs/adding-a-component.md`` (The table row) explains each field."""
 
     name: str
     summary: str

@@ -1,9 +1,7 @@
-"""Where the harness runs: the one resolver of ``--device`` and ``--graph-backend``, and how its processes
-share a machine's cores.
+"""Where the harness runs: :func:`resolve`, the one resolver of ``--device`` and ``--graph-backend``.
 
-Every entry point (the pytest plugin, ``selfcheck``, ``conformance``, ``bench``) asks :func:`resolve`, so the
-same request gets the same answer everywhere. Importing this module does not import torch.
-"""
+Every entry point (pytest plugin, ``selfcheck``, ``conformance``, ``bench``) asks it, and it says how
+processes share a machine's cores. Importing this module imports no torch."""
 
 from __future__ import annotations
 
@@ -18,15 +16,16 @@ from harness.errors import UsageError
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["BACKEND_CHOICES", "COMPILE_THREADS_VARIABLE", "DEVICE_CHOICES", "EXPERTS_IMPLEMENTATIONS", "EXPERTS_VARIABLE", "Placement", "resolve",
-           "resolve_device", "experts_implementation", "use_one_compile_worker"]
+__all__ = ["BACKEND_CHOICES", "COMPILE_THREADS_VARIABLE", "DEVICE_CHOICES", "EXPERTS_IMPLEMENTATIONS",
+           "EXPERTS_VARIABLE", "Placement", "resolve", "resolve_device", "experts_implementation",
+           "use_one_compile_worker"]
 
 COMPILE_THREADS_VARIABLE = "TORCHINDUCTOR_COMPILE_THREADS"
 
 # How MoE and hybrid stacks run their experts (transformers' ``config._experts_implementation``).
 # ``batched_mm`` first: it is what an engine runs under CUDA graphs. transformers 5.x defaults to
-# ``grouped_mm``, whose fp32 path on CUDA falls back to a host loop that capture refuses (13 of the
-# zoo's 16 MoE and hybrid stacks on the H200), while the CPU has a kernel for it; ``eager`` is the
+# ``grouped_mm``, whose fp32 path on CUDA falls back to a host loop that capture refuses (most of the
+# zoo's MoE and hybrid stacks), while the CPU has a kernel for it; ``eager`` is the
 # modules' own per-expert loop.
 EXPERTS_IMPLEMENTATIONS = ("batched_mm", "grouped_mm", "eager")
 # The run's choice, in the environment so that child processes (kill matrix, subprocess cases) share it;
@@ -110,6 +109,7 @@ def experts_implementation(requested: str | None = None) -> str:
     (:data:`EXPERTS_VARIABLE`), else ``batched_mm``; an unknown name is a :class:`UsageError`."""
     name = requested or os.environ.get(EXPERTS_VARIABLE) or EXPERTS_IMPLEMENTATIONS[0]
     if name not in EXPERTS_IMPLEMENTATIONS:
-        raise UsageError(f"unknown experts implementation {name!r} (from {'the argument' if requested else EXPERTS_VARIABLE}); "
+        raise UsageError(f"unknown experts implementation {name!r} (from "
+                         f"{'the argument' if requested else EXPERTS_VARIABLE}); "
                          f"choose one of {', '.join(EXPERTS_IMPLEMENTATIONS)}")
     return name

@@ -1,8 +1,6 @@
-"""Every exception the harness raises on purpose, in one place.
+"""Every exception the harness raises on purpose; catch :class:`HarnessError` to catch them all.
 
-Catch :class:`HarnessError` to catch them all. Each one names the problem in words a user can act
-on; none of them should ever surface as a traceback from deep inside torch.
-"""
+Each names the problem in words a user can act on, never as a traceback from deep inside torch."""
 
 __all__ = [
     "HarnessError",

@@ -1,24 +1,8 @@
-"""Golden snapshots (syrupy) as readable JSON, with tensors compared within the dtype tolerance.
+"""Golden snapshots (syrupy) as readable JSON, tensors compared within their dtype's tolerance.
 
-:class:`GoldenExtension` writes one JSON file per snapshot under ``golden/``, mirroring
-``suites/`` (``suites/runner/test_x.py`` -> ``golden/runner/test_x/<test name>.json``). Plain data
-(discovery results, capture plans, compile counts) is compared exactly. A tensor is stored as its
-shape, dtype, summary statistics and first values, rounded to what its dtype's tolerance
-(:func:`harness.compare.tolerance_for`) can tell apart, plus one sha256 of its bits per device
-class (``cpu``, ``cuda-sm90``, ...). Matching compares shape and dtype exactly and the numbers
-within the tolerance, so one golden serves both device classes; the digest never decides a match:
-
-- a result within tolerance never rewrites its golden, so ``--snapshot-update`` on an unchanged
-  tree changes no file, whatever machine or thread count regenerates it;
-- a device class without a digest gets one on ``--snapshot-update`` (only the digest is added);
-- a run whose bits differ from its class's digest, within tolerance, is reported as "bits changed
-  within tolerance" (:func:`drift_events`, shown in the run report), not failed nor rewritten.
-
-Corrupted or truncated golden files fail with a message naming the file. :func:`find_orphans`
-lists golden files no collected test owns. No pickles: every golden is text a reviewer can read.
-
-Update goldens deliberately with ``pytest ... --snapshot-update`` and review the diff.
-"""
+Safe to use: :class:`GoldenExtension` (the ``snapshot`` fixture's extension), :func:`versioned_golden`,
+:func:`drift_events` and :func:`find_orphans`. The README's Goldens section states the matching and
+update rules."""
 
 from __future__ import annotations
 
@@ -371,7 +355,8 @@ class GoldenExtension(SingleFileSnapshotExtension):
             yield from super().diff_lines(serialized_data, snapshot_data)
             return
         lines = list(_differences(actual, expected, ""))
-        yield f"golden {os.path.relpath(getattr(self, '_last_location', '.'))}: {len(lines)} difference(s) (- golden, + now)"
+        where = os.path.relpath(getattr(self, "_last_location", "."))
+        yield f"golden {where}: {len(lines)} difference(s) (- golden, + now)"
         yield from lines[:40]
         if len(lines) > 40:
             yield f"... and {len(lines) - 40} more"

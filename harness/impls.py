@@ -1,12 +1,8 @@
-"""Registry of implementations under test: references, mutants and external ones.
+"""Registry of implementations under test: references, mutants, engine adapters and external ones.
 
-Suites never import an implementation directly; they ask for the one selected for their
-component (``--impl COMPONENT=SPEC`` on the command line, the reference otherwise). A SPEC is
-either a registered name (``reference``, ``mutant:<name>``, a component's other registered names),
-an engine adapter's name (``sglang``: the engine's shipped code, imported only when selected) or
-``package.module:attribute``. What is registered comes from the component table
-(:mod:`harness.components`) and each component's mutant module; nothing registers itself on import.
-"""
+Suites ask for the implementation selected for their component (``--impl COMPONENT=SPEC``, the reference
+otherwise): a registered name, ``mutant:<name>``, an adapter (``sglang``) or ``package.module:attribute``.
+Everything registered comes from the component table and the mutant modules."""
 
 from __future__ import annotations
 
@@ -140,7 +136,8 @@ def _import_user_module(component: str, spec: str, module_name: str) -> Any:
     try:
         return importlib.import_module(module_name)
     except ModuleNotFoundError as error:
-        if error.name and (module_name == error.name or module_name.startswith(error.name + ".")):  # the module itself, or a package above it
+        # The module itself, or a package above it.
+        if error.name and (module_name == error.name or module_name.startswith(error.name + ".")):
             raise ImplementationError(
                 f"--impl {component}={spec}: module {module_name!r} cannot be imported ({error}). "
                 "Is the package installed in this environment, or its folder on PYTHONPATH?"

@@ -1,11 +1,7 @@
-"""Where the harness's suites, goldens and benchmark baselines are, in a checkout or an installed wheel.
+"""Where the suites, goldens and benchmark baselines are, in a checkout or an installed wheel.
 
-The suites are the package ``harness.suites``: a checkout's top-level ``suites/`` (which an editable
-install maps to that name, and the wheel carries as ``harness/suites``). Goldens mirror them in the
-folder ``golden`` beside them: ``<checkout>/golden`` or ``harness/golden`` of the wheel
-(:meth:`harness.golden.GoldenExtension.dirname` applies the same rule to any test file). The committed
-benchmark baselines are package data of :mod:`harness.bench`.
-"""
+Suites are the package ``harness.suites`` (a checkout's ``suites/``); goldens mirror them in ``golden``
+beside them; baselines are package data of :mod:`harness.bench`."""
 
 from __future__ import annotations
 

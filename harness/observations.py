@@ -1,8 +1,6 @@
 """Process-wide tallies for the run report: largest errors per dtype, and named counters.
 
-The library records here (no pytest import); :mod:`harness.plugin.report` reads, merges across pytest-xdist
-workers and prints. Recording is cheap and always on: a dict update per comparison.
-"""
+The library records here (no pytest import); :mod:`harness.plugin.report` reads, merges and prints them."""
 
 from __future__ import annotations
 

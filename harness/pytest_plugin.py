@@ -1,8 +1,6 @@
 """Deprecated alias of :mod:`harness.plugin` (the plugin's module until 0.2; removed in 0.3).
 
-A ``pytest_plugins = ["harness.pytest_plugin"]`` line or ``-p harness.pytest_plugin`` still loads the plugin,
-once; ``from harness.pytest_plugin import collect_suite`` still works, with a DeprecationWarning.
-"""
+``-p harness.pytest_plugin`` still loads the plugin once; importing ``collect_suite`` from here warns."""
 
 from __future__ import annotations
 

@@ -1,16 +1,8 @@
 """Time limits that a hang cannot escape: a test, the start-up load of an implementation, a child process.
 
-:func:`time_limit` raises :class:`TimeLimitExceeded` in the main thread when its time is up. It is a
-``BaseException``, as ``KeyboardInterrupt`` is, for one reason: hypothesis catches every
-``Exception`` (and pytest's ``Failed``, which pytest-timeout raises) as a failing example and goes on
-to the next one, so pytest-timeout's one-shot signal never stopped a hang inside a ``@given`` test or
-a state machine (the harness's profiles set ``deadline=None``). Should something swallow it anyway,
-the signal fires again every :data:`REFIRE_SECONDS` until the limit is left.
-
-Limits nest (the innermost deadline that expires first is the one reported). They need ``SIGALRM``
-and the main thread; elsewhere (Windows, a worker thread) :func:`time_limit` imposes nothing, and
-says so with :func:`limits_available`.
-"""
+Safe to use: :func:`time_limit`, :func:`arm` / :func:`disarm`, :func:`limits_available`. Limits nest and
+need ``SIGALRM`` and the main thread (elsewhere they impose nothing); :class:`TimeLimitExceeded` says
+why it is a ``BaseException``."""
 
 from __future__ import annotations
 
@@ -30,7 +22,13 @@ REFIRE_SECONDS = 2.0
 
 
 class TimeLimitExceeded(BaseException):
-    """A time limit expired. Its message is one line naming what ran out of time and where it was stuck."""
+    """A time limit expired. Its message is one line naming what ran out of time and where it was stuck.
+
+    A ``BaseException``, as ``KeyboardInterrupt`` is, because hypothesis catches every ``Exception`` (and
+    pytest's ``Failed``, which pytest-timeout raises) as a failing example and goes on to the next one, so
+    pytest-timeout's one-shot signal never stopped a hang inside a ``@given`` test or a state machine (the
+    harness's profiles set ``deadline=None``). Should something swallow it anyway, the signal fires again
+    every :data:`REFIRE_SECONDS` until the limit is left. Nested limits report the innermost that expires."""
 
 
 @dataclasses.dataclass(eq=False)

@@ -35,7 +35,10 @@ def report(figures: dict[str, Figure], *, settings: dict | None = None, env: dic
     return make_report(benchmark=benchmark, env=env or ENV, result=result, implementation="reference")
 
 
-def verdict(before: Figure, after: Figure, thresholds: Thresholds = Thresholds()) -> str:
+DEFAULT_THRESHOLDS = Thresholds()
+
+
+def verdict(before: Figure, after: Figure, thresholds: Thresholds = DEFAULT_THRESHOLDS) -> str:
     (finding,) = compare(report({"x": after}), report({"x": before}), thresholds=thresholds)
     return finding.verdict
 

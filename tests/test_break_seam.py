@@ -196,5 +196,6 @@ def test_the_adapters_reach_no_private_name_of_the_harness():
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("harness") and "._" in node.module:
                 offenders.append(f"{path.name}: from {node.module} import ...")
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("harness"):
-                offenders += [f"{path.name}: imports {alias.name}" for alias in node.names if alias.name.startswith("_")]
+                offenders += [f"{path.name}: imports {alias.name}" for alias in node.names
+                              if alias.name.startswith("_")]
     assert not offenders, f"adapters reach private names: {offenders}"

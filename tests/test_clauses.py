@@ -38,14 +38,16 @@ def collected(tmp_path_factory) -> dict[str, dict[str, str | None]]:
     """component -> {test node id: clause}, from a collection with the conformance plugin."""
     record = tmp_path_factory.mktemp("clauses") / "record.jsonl"
     suites = [components.get_component(c).suite for c in COMPONENTS]
-    completed = subprocess.run([sys.executable, "-m", "pytest", *suites, "--collect-only", "-q", "-p", "no:cacheprovider",
-                                "-p", "harness.conformance.plugin"], cwd=ROOT, capture_output=True, text=True,
+    completed = subprocess.run([sys.executable, "-m", "pytest", *suites, "--collect-only", "-q",
+                                "-p", "no:cacheprovider", "-p", "harness.conformance.plugin"],
+                               cwd=ROOT, capture_output=True, text=True,
                                env=dict(os.environ, HARNESS_CONFORMANCE_RECORD=str(record)))
     assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-2000:]
     found: dict[str, dict[str, str | None]] = {c: {} for c in COMPONENTS}
     for line in record.read_text().splitlines():
         entry = json.loads(line)
-        component = next(c for c in COMPONENTS if entry["collected"].startswith(components.get_component(c).suite + "/"))
+        component = next(c for c in COMPONENTS
+                         if entry["collected"].startswith(components.get_component(c).suite + "/"))
         found[component][entry["collected"]] = entry["clause"]
     return found
 

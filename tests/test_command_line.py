@@ -45,7 +45,8 @@ print("RESULTS" + json.dumps(results))
 _USER_MODULES = {
     "issue12_cli_syntax.py": "def broken(:\n    pass\n",
     "issue12_cli_raises.py": "raise ImportError('libengine.so: cannot open shared object file')\n",
-    "issue12_cli_shapes.py": "class NotACapturer:\n    pass\n\n\ndef runner_without_buckets(model, *, graphs):\n    return None\n",
+    "issue12_cli_shapes.py": "class NotACapturer:\n    pass\n\n\ndef runner_without_buckets(model, *, graphs):\n    "
+                             "return None\n",
 }
 _QUICK = ["suites/graphs/test_breaks.py", "-q", "-p", "no:cacheprovider"]
 # id -> (pytest arguments, environment, expected exit status, pattern of the one error line)
@@ -77,8 +78,10 @@ if importlib.util.find_spec("sglang") is None:  # an engine adapter selected whe
     _USAGE_CASES["adapter-without-engine"] = (["--impl", "gather=sglang"], {}, 4,
                                               r"--impl gather=sglang needs SGLang.*pip install sglang==0\.5\.23")
 if not torch.cuda.is_available():  # asking for a GPU is only an error where there is none
-    _USAGE_CASES["device-cuda"] = (["--device", "cuda"], {}, 4, "--device cuda was requested but .* sees no CUDA device")
-    _USAGE_CASES["graph-backend-cuda"] = (["--graph-backend", "cuda"], {}, 4, "--graph-backend cuda was requested but torch sees no CUDA device")
+    _USAGE_CASES["device-cuda"] = (["--device", "cuda"], {}, 4, "--device cuda was requested but .* sees no CUDA "
+                                                                "device")
+    _USAGE_CASES["graph-backend-cuda"] = (["--graph-backend", "cuda"], {}, 4, "--graph-backend cuda was requested but "
+                                                                              "torch sees no CUDA device")
 
 
 @pytest.fixture(scope="module")

@@ -135,5 +135,5 @@ def test_every_entry_point_answers_a_request_alike(entry, device, backend, gpu, 
     if isinstance(expected, tuple):
         assert answer == expected, f"{entry}: --device {device} --graph-backend {backend} -> {answer}"
     else:
-        assert isinstance(answer, str) and expected in answer, f"{entry}: expected an error naming {expected!r}: {answer}"
+        assert isinstance(answer, str) and expected in answer, f"{entry}: expected an error with {expected!r}: {answer}"
         assert "Traceback" not in answer

@@ -60,8 +60,8 @@ def test_the_example_passes_its_suite(spec):
     # The example engine runs on one rank: its adapter is held to the single-rank contract (--tp 1 leaves
     # the tensor-parallel cases out, as it would for any engine without tensor parallelism).
     # A whole suite in one child, spread over xdist workers where cores allow as the kill matrix spreads a
-    # reference's (a GPU runner's 16 cores: the examples' suites on CUDA took most of the GPU check's tests
-    # step serially), serial on a small machine.
+    # reference's (on a GPU runner the examples' suites on CUDA, run serially, took most of the GPU check's
+    # tests step), serial on a small machine.
     workers = reference_workers()
     completed = subprocess.run([sys.executable, "-m", "pytest", f"suites/{component}", "--impl", spec, "-q",
                                 "-p", "no:cacheprovider", *(["--tp", "1"] if component == "runner" else []),

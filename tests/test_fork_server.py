@@ -156,7 +156,8 @@ def test_a_forked_run_gives_the_plain_process_verdict(name: str, verdict: str, r
     assert (forked.launch, plain.launch) == ("fork server", "process")
     assert forked.verdict == plain.verdict == verdict, (forked, plain)
     if verdict == "killed":
-        assert forked.first_failure == plain.first_failure == "suites/gather/test_tiny.py::test_gather_matches_the_oracle"
+        assert (forked.first_failure == plain.first_failure
+                == "suites/gather/test_tiny.py::test_gather_matches_the_oracle")
         assert forked.seconds_to_first_failure is not None
     if verdict == "error":  # then the last line of output follows, which differs: the server's imports warned in it
         status = {"exits": 7, "segfaults": -signal.SIGSEGV}[name]
@@ -212,7 +213,8 @@ def test_a_module_asking_whether_there_is_a_gpu_is_preloaded(root: Path, environ
     (root / "test_child_environment.py").write_text(
         "import os, sys\n\ndef test_environment():\n"
         "    assert 'asks_whether' in sys.modules and sys.modules['asks_whether'].CHECK == '1'\n"
-        f"    assert os.environ.get('PYTORCH_NVML_BASED_CUDA_CHECK') == {environment.get('PYTORCH_NVML_BASED_CUDA_CHECK')!r}\n")
+        f"    assert os.environ.get('PYTORCH_NVML_BASED_CUDA_CHECK') == "
+        f"{environment.get('PYTORCH_NVML_BASED_CUDA_CHECK')!r}\n")
     with ForkServer(environment=environment, cwd=root, preload=("torch", "asks_whether")) as server:
         ready = server.wait_ready()
         assert ready["ready"] and ready["cuda_initialized"] is False, ready

@@ -153,7 +153,8 @@ def test_moved_bits_within_tolerance_are_reported_not_rewritten(project):
     result.assert_outcomes(passed=1)
     assert _golden_files(project.path) == before
     report = json.loads((project.path / "report.json").read_text())
-    assert [(e["where"], e["kind"]) for e in report["goldens"]["drift"]] == [("logits", "bits changed within tolerance")]
+    assert [(e["where"], e["kind"]) for e in report["goldens"]["drift"]] == [("logits", "bits changed within "
+                                                                                        "tolerance")]
     result.stdout.fnmatch_lines(["*test_logits?1e-07?.json logits: bits changed within tolerance (cpu)*"])
 
 
@@ -216,7 +217,8 @@ def test_a_torch_minor_without_its_own_golden_is_held_to_the_nearest_recorded_an
     saved = (golden._SESSION.device_class, golden._SESSION.update, list(golden._SESSION.events))
     try:
         configure_goldens(device_class="cpu", update=False)
-        chosen = {minor: versioned_golden(snapshot, prefix="torch", version=(2, minor)) for minor in (10, 11, 12, 13, 14)}
+        chosen = {minor: versioned_golden(snapshot, prefix="torch", version=(2, minor))
+                  for minor in (10, 11, 12, 13, 14)}
         assert chosen == {10: "torch-2.11", 11: "torch-2.11", 12: "torch-2.11", 13: "torch-2.13", 14: "torch-2.13"}
         notes = {event.where: event.kind for event in drift_events()}
         assert set(notes) == {"torch-2.10", "torch-2.12", "torch-2.14"}

@@ -116,16 +116,25 @@ def user_modules(tmp_path_factory):
 @pytest.mark.parametrize(
     ("component", "spec", "pattern"),
     [
-        ("graphs", "issue12_syntax_error:X", r"importing 'issue12_syntax_error' failed: SyntaxError: .* \(at issue12_syntax_error.py:1\)"),
-        ("graphs", "issue12_raises:X", r"importing 'issue12_raises' failed: RuntimeError: cannot reach the engine \(at issue12_raises.py:2\)"),
-        ("graphs", "issue12_missing_dependency:X", r"it imports 'issue12_not_installed_anywhere', which is not installed"),
+        ("graphs", "issue12_syntax_error:X", r"importing 'issue12_syntax_error' failed: SyntaxError: .* \(at "
+                                             r"issue12_syntax_error.py:1\)"),
+        ("graphs", "issue12_raises:X", r"importing 'issue12_raises' failed: RuntimeError: cannot reach the engine "
+                                       r"\(at issue12_raises.py:2\)"),
+        ("graphs", "issue12_missing_dependency:X", r"it imports 'issue12_not_installed_anywhere', which is not "
+                                                   r"installed"),
         ("graphs", "issue12_candidates:NotACapturer", r"NotACapturer\(\) cannot be called as factory\(backend\)"),
         ("graphs", "issue12_candidates:CapturerWithoutPool", r"is a CapturerWithoutPool with no new_pool"),
-        ("graphs", "issue12_candidates:CaptureReturnsNoGraph", r"the graph capture\(\) returned is a Tensor with no output, "),
-        ("graphs", "issue12_candidates:ReplayRaises", r"graph.replay\(\) raised ZeroDivisionError: division by zero \(at issue12_candidates.py:\d+\)"),
-        ("runner", "issue12_candidates:runner_without_buckets", r"cannot be called as factory\(model, \*, buckets, graphs.*'buckets'"),
-        ("runner", "issue12_candidates:runner_returning_none", r"returned is a NoneType with no discovery, buckets, stats, bucket_for"),
-        ("runner", "issue12_candidates:RunnerWhoseRunRaises", r"runner.run\(one request of 3 tokens\) raised RuntimeError: no kernel for this bucket \(at issue12_candidates.py:\d+\)"),
+        ("graphs", "issue12_candidates:CaptureReturnsNoGraph", r"the graph capture\(\) returned is a Tensor with no "
+                                                               r"output, "),
+        ("graphs", "issue12_candidates:ReplayRaises", r"graph.replay\(\) raised ZeroDivisionError: division by zero "
+                                                      r"\(at issue12_candidates.py:\d+\)"),
+        ("runner", "issue12_candidates:runner_without_buckets", r"cannot be called as factory\(model, \*, buckets, "
+                                                                r"graphs.*'buckets'"),
+        ("runner", "issue12_candidates:runner_returning_none", r"returned is a NoneType with no discovery, buckets, "
+                                                               r"stats, bucket_for"),
+        ("runner", "issue12_candidates:RunnerWhoseRunRaises", r"runner.run\(one request of 3 tokens\) raised "
+                                                              r"RuntimeError: no kernel for this bucket \(at "
+                                                              r"issue12_candidates.py:\d+\)"),
     ],
 )
 def test_bad_user_module_is_one_line(user_modules, component, spec, pattern):

@@ -146,5 +146,6 @@ def test_the_suites_activate_it_when_collected(pytester: pytest.Pytester, monkey
     output = collected.stdout.str()
     assert collected.ret == 0, output[-3000:]
     # announced after collection, with the profile the suites' modules were imported under
-    assert re.search(r"^collected \d+ items\nharness: device=.*hypothesis profile=dev", output, re.MULTILINE), output[:3000]
+    assert re.search(r"^collected \d+ items\nharness: device=.*hypothesis profile=dev", output, re.MULTILINE), (
+        output[:3000])
     assert "<Module test_breaks.py>" in output

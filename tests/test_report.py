@@ -3,6 +3,7 @@ xdist workers), goldens, JSON output, Markdown and failure annotations."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import pytest
@@ -25,10 +26,9 @@ def test_a_tolerance_comparison_records_its_error_and_share_of_the_tolerance():
     assert abs(entry["max_abs_error"] - 4e-6) < 1e-7
     assert abs(entry["tolerance_used"] - 4e-6 / (tol.atol + tol.rtol * 1.0)) < 1e-2
     assert_equivalent(expected, expected, exact=True)  # bitwise comparisons are not tolerance uses
-    try:  # a failing comparison reports itself; the run report shows how close passing ones came
+    # A failing comparison reports itself; the run report shows how close passing ones came.
+    with contextlib.suppress(AssertionError):
         assert_equivalent(expected + 1.0, expected, exact=False)
-    except AssertionError:
-        pass
     assert observations.snapshot()["errors"]["float32"]["comparisons"] == 1
 
 
@@ -96,7 +96,8 @@ def test_syrupy_5s_unused_count_and_delete_advice_are_dropped(colour):
                 f"{on}Unused{off} test_a (golden/x.ambr)",
                 f"{on}Re-run pytest with --snapshot-update to delete unused snapshots.{off}"]
     assert list(_WithoutBanner(_SyrupyReport(syrupy_5)).lines) == [f"{on}11{off} snapshots passed."]
-    only_unused = [f"{on}1{off} snapshot unused.", "", "Re-run pytest with --snapshot-update to delete unused snapshots."]
+    only_unused = [f"{on}1{off} snapshot unused.", "", "Re-run pytest with --snapshot-update to delete unused "
+                                                       "snapshots."]
     assert list(_WithoutBanner(_SyrupyReport(only_unused)).lines) == []
 
 

@@ -63,7 +63,8 @@ def test_a_slow_kill_is_recorded_and_cleared_by_a_fast_one(tmp_path: Path):
     slow = selfcheck.SLOW_KILL_SECONDS
     selfcheck.write_hints(tmp_path, [killed("mutant:slow", slow), killed("mutant:fast", slow - 0.1),
                                      killed("mutant:untimed", None, seconds=slow + 5)])
-    assert selfcheck.read_slow_kills(tmp_path) == {("graphs", "mutant:slow", "cuda"), ("graphs", "mutant:untimed", "cuda")}
+    assert selfcheck.read_slow_kills(tmp_path) == {("graphs", "mutant:slow", "cuda"),
+                                                   ("graphs", "mutant:untimed", "cuda")}
     selfcheck.write_hints(tmp_path, [killed("mutant:slow", 1.0)])  # the same mutant, killed fast this time
     assert selfcheck.read_slow_kills(tmp_path) == {("graphs", "mutant:untimed", "cuda")}
     assert selfcheck.read_hints(tmp_path)["graphs", "mutant:slow", "cuda"] == "suites/graphs/t.py::x"
@@ -95,8 +96,10 @@ def test_slow_mutants_start_first_and_beside_the_references_at_a_lower_priority(
     outcomes = selfcheck.run_selfcheck(components=["graphs"], graph_backend="emulated", device="cpu", jobs=1,
                                        root=tmp_path, fork_server=False)
     mutants_started = [(name, niceness) for name, niceness in started if name != "reference"]
-    assert [name for name, _ in mutants_started] == [impl.name for impl in slow + [i for i in registered if i not in slow]]
-    assert [o.spec for o in outcomes if o.kind == "mutant" and o.verdict != "skipped"] == [impl.name for impl in registered]
+    expected_start = slow + [i for i in registered if i not in slow]
+    assert [name for name, _ in mutants_started] == [impl.name for impl in expected_start]
+    reported = [o.spec for o in outcomes if o.kind == "mutant" and o.verdict != "skipped"]
+    assert reported == [impl.name for impl in registered]
     expected_niceness = selfcheck.MUTANT_NICENESS if reference_workers > 1 else 0
     assert {niceness for _, niceness in mutants_started} == {expected_niceness}
     if reference_workers == 1:

@@ -115,7 +115,8 @@ def test_a_hang_inside_a_state_machine_names_the_rule(tmp_path: Path):
     output = completed.stdout + completed.stderr
     assert completed.returncode == 1, output[-3000:]
     assert re.search(r"TimeLimitExceeded: test_machine\.py::test_counter::runTest ran past its time limit of 3 s "
-                     r"\(--timeout, or @pytest.mark.timeout\) while running the hypothesis example the state machine step Counter\.add\(step=\d\); "
+                     r"\(--timeout, or @pytest.mark.timeout\) while running the hypothesis example the state machine "
+                     r"step Counter\.add\(step=\d\); "
                      r"stuck at test_machine\.py:\d+ in add", output), output[-3000:]
 
 
@@ -135,13 +136,13 @@ def test_a_hang_in_the_start_up_smoke_call_is_one_line_usage_error(sleepy: Path)
 def test_the_start_up_limit_nests_inside_a_test_limit(sleepy: Path):
     impls.load("runner", "harness.runner:LayerStackRunner")  # the smoke call's imports, outside the limit below
     started = time.monotonic()
-    with pytest.raises(ImplementationError, match=r"did not finish within 3 s; stuck at sleepy_runner.py:6 in make_runner"):
+    with pytest.raises(ImplementationError, match=r"did not finish within 3 s; stuck at sleepy_runner.py:6 in "
+                                                  r"make_runner"):
         impls.load("runner", "sleepy_runner:make_runner", time_limit=3)
     assert time.monotonic() - started < 3 + 5
     with timeouts.time_limit(30, lambda frame: "outer"):  # an outer limit survives the inner one
-        with pytest.raises(timeouts.TimeLimitExceeded, match="inner"):
-            with timeouts.time_limit(0.2, lambda frame: "inner"):
-                time.sleep(5)
+        with pytest.raises(timeouts.TimeLimitExceeded, match="inner"), timeouts.time_limit(0.2, lambda frame: "inner"):
+            time.sleep(5)
         time.sleep(0.3)
 
 

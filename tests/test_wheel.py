@@ -1,8 +1,8 @@
 """The harness as an engine's CI uses it: the built wheel, installed into a fresh virtual environment,
 run from a directory with no checkout on the path.
 
-One build (about 10 s of CPU) and one venv; the suite runs dominate (the packaged gather
-suite with the compiled reference: about a minute of CPU on the 2-core machine). The venv does not
+One build and one venv; the suite runs dominate (the packaged gather suite with the compiled
+reference compiles). The venv does not
 reinstall torch and the other dependencies: a folder of links to the current environment's packages
 (everything but the harness itself) is put on its path, so the wheel is installed with ``--no-deps``
 and what is tested is the wheel's own content. That the wheel's metadata asks for those dependencies
@@ -48,8 +48,8 @@ pytest_collect_file = collect_suite("gather")
 
 # The test is about packaging: every run on the CPU and the emulated backend, on a GPU runner too.
 _CPU = ["--device", "cpu", "--graph-backend", "emulated"]
-_IGNORED = shutil.ignore_patterns(".git", ".venv", ".whl", ".sglang", "build", "dist", "*.egg-info", "__pycache__", ".hypothesis",
-                                  ".pytest_cache", ".ci")
+_IGNORED = shutil.ignore_patterns(".git", ".venv", ".whl", ".sglang", "build", "dist", "*.egg-info", "__pycache__",
+                                  ".hypothesis", ".pytest_cache", ".ci")
 
 
 def _run(command: list[str], *, cwd: Path, env: dict[str, str], timeout: int = 900) -> subprocess.CompletedProcess:
@@ -149,8 +149,9 @@ def _check_reference_passes_the_packaged_suite(python: Path, env: dict[str, str]
 def _check_outside_modules(python: Path, env: dict[str, str], tmp_path: Path) -> None:
     engine = Path(env["PYTHONPATH"])
     # A few contract cases are enough to show an outside module passes: the whole suite runs on the reference.
-    good = _run([str(python), "-m", "pytest", "--pyargs", "harness.suites.gather.test_contract", "-p", "no:cacheprovider",
-                 "--impl", "gather=engine_ops:gather", "-q", "-k", "typical or strided or every_dtype", *_CPU],
+    good = _run([str(python), "-m", "pytest", "--pyargs", "harness.suites.gather.test_contract",
+                 "-p", "no:cacheprovider", "--impl", "gather=engine_ops:gather", "-q",
+                 "-k", "typical or strided or every_dtype", *_CPU],
                 cwd=tmp_path, env=env)
     assert good.returncode == 0, (good.stdout + good.stderr)[-5000:]
     # The broken one through the engine's own test tree (the one-file conftest.py), stopping at its first failure.
@@ -158,11 +159,13 @@ def _check_outside_modules(python: Path, env: dict[str, str], tmp_path: Path) ->
                    "--impl", "gather=engine_ops:broken_gather", *_CPU], cwd=engine, env=env)
     output = broken.stdout + broken.stderr
     assert broken.returncode == 1, output[-5000:]
-    assert "MismatchError" in output and "implementations: {'gather': 'engine_ops:broken_gather'}" in output, output[-5000:]
+    assert "MismatchError" in output, output[-5000:]
+    assert "implementations: {'gather': 'engine_ops:broken_gather'}" in output, output[-5000:]
     # The reproduce line carries PYTHONPATH and the interpreter (harness.plugin.failures.reproduce_command).
     reproduce = re.search(r"^-+ reproduce -+\n(.* -m pytest .*)$", output, re.MULTILINE)
     assert reproduce, output[-5000:]
-    assert "site-packages/harness/suites/gather/test_" in reproduce[1] and "--impl gather=engine_ops:broken_gather" in reproduce[1]
+    assert "site-packages/harness/suites/gather/test_" in reproduce[1]
+    assert "--impl gather=engine_ops:broken_gather" in reproduce[1]
     assert re.search(r"^  gather +1 failed$", output, re.MULTILINE), output[-3000:]
 
 
@@ -193,8 +196,8 @@ def _check_selfcheck_run(python: Path, env: dict[str, str], tmp_path: Path) -> N
     assert completed.stdout.split()[:2] == ["killed", "True"], completed.stdout
 
 
-# About four minutes of CPU in all; the limit is wall time on a shared machine (over 15 minutes seen on the
-# 2-core one under a load of 9).
+# The limit is wall time on a shared machine, which a loaded small machine stretches far beyond the test's CPU
+# time.
 @pytest.mark.timeout(2400)
 def test_an_engine_ci_runs_the_installed_wheel(tmp_path_factory, tmp_path):
     """One test, so that one wheel and one venv are built, under pytest-xdist too."""

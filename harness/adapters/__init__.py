@@ -1,10 +1,7 @@
-"""Adapters that point the suites at an engine's shipped code (``--impl COMPONENT=ENGINE``).
+"""Adapters that put an engine's shipped code under the suites (``--impl COMPONENT=ENGINE``).
 
-An adapter only bridges interfaces: names, error types, and the pool and stream set-up the engine's
-own runner does. It never changes what the engine's code computes, and it reaches no private name
-of the harness (breaks arrive through :func:`harness.graphs.receive_breaks`). Each engine is one
-module; its loaders are named in the component table (:mod:`harness.components`, ``adapters``) and
-import the engine only when selected, so a missing engine is one line saying what to install.
-"""
+An adapter bridges names, error types and set-up only, never what the engine computes, and reaches
+no private harness name. One module per engine; its loaders are named in the component table's
+``adapters`` field and import the engine only when selected."""
 
 __all__: list[str] = []

@@ -1,18 +1,9 @@
-"""SGLang's shipped code under the harness's suites: ``--impl graphs=sglang``, ``--impl gather=sglang``.
+"""SGLang's shipped code under the suites: ``--impl graphs=sglang`` and ``--impl gather=sglang``.
 
-* ``graphs``: SGLang's breakable CUDA graph (``BreakableCUDAGraph``, ``BreakableCUDAGraphCapture``,
-  ``eager_on_graph`` from ``sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph``)
-  behind the harness's capturer interface. The harness's break markers reach SGLang's own
-  ``eager_on_graph`` through the public break seam (:func:`harness.graphs.receive_breaks`).
-* ``gather``: SGLang's ``gather_spec_extras`` (``sglang.kernels.ops.speculative.gather_spec_extras``),
-  whose signature is the harness's: the adapter only finds it by name.
-
-Everything here is a bridge (names, error types, pool and stream set-up as SGLang's
-``BreakableCudaGraphBackend`` and its runners do it); what the engine computes, writes back or
-raises is the engine's. The version the bridges were written against is :data:`SGLANG_VERSION`.
-SGLang is imported only when an adapter is selected; where it is not importable the selection
-stops with one line saying what to install.
-"""
+``graphs`` bridges SGLang's ``BreakableCUDAGraph`` to the capturer interface (breaks reach SGLang's
+``eager_on_graph`` through :func:`harness.graphs.receive_breaks`); ``gather`` finds SGLang's
+``gather_spec_extras`` by name. Written against :data:`SGLANG_VERSION`; SGLang is imported only when
+selected. ``docs/graphs.md`` and ``docs/gather.md`` describe the bridges."""
 
 from __future__ import annotations
 

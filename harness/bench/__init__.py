@@ -1,11 +1,7 @@
-"""Benchmarks: what the optimisations buy, as commands that print a table and write JSON.
+"""Benchmarks: ``python -m harness bench {runner,gather,tolerance}``, each a table and JSON.
 
-``python -m harness bench {runner,gather,tolerance} [--baseline FILE.json] ...`` (see
-:mod:`harness.bench.command`). Reports share one shape (:mod:`harness.bench.report`); a run is
-compared with a stored baseline by :mod:`harness.bench.baseline` (counts exactly, times by ratio
-beyond a measured noise band). Committed baselines live in ``harness/bench/baselines/``, one file
-per benchmark and device class. Benchmarks are never tests: tests check the comparison logic only.
-"""
+Benchmarks are commands, never tests; the README's Benchmarks section describes them, their shared
+options and how ``--baseline`` compares a run with the committed baselines in ``harness/bench/baselines/``."""
 
 from harness.bench.baseline import Finding, Thresholds, compare, failed, format_findings
 from harness.bench.command import BENCHMARKS, main

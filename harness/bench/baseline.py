@@ -1,26 +1,8 @@
-"""Comparing a benchmark run with a stored baseline: which figures regressed, and by how much.
+"""Comparing a benchmark run with a stored baseline: :func:`compare`, :func:`failed`, :class:`Thresholds`.
 
-What fails and what is only reported was chosen from two runs on one H200 (README, Benchmarks):
-host-bound times of one machine move by 20-80% between runs, counts never move, and a same-run
-speed-up averaged over one model's batches moves by a few percent.
-
-* ``count``: exact. Any change, up or down, fails: one more launch is a fusion undone, one
-  fewer fallback is a behaviour change someone must look at and re-baseline on purpose.
-* ``speedup`` (higher is better) with a ``group``: gated per group (one model and size) by the
-  geometric mean of ``before / now - 1`` over the group's rows present in both runs, against the
-  band ``max(speedup_floor, group_noise_factor x standard error)``; the standard error is the root
-  mean square of the rows' spreads over the square root of their number. Each row alone is only
-  reported. A speed-up without a group is gated alone, with the band of a time.
-* ``time`` (lower is better): reported beyond its noise band ``max(floor, noise_factor x max(spread
-  now, spread in the baseline))`` (spreads: interquartile range of the repeats over their median),
-  never failed.
-* A figure of the baseline that the run lacks fails (a silent skip would hide a regression); a
-  figure new in the run is reported. A time or speed-up that is not positive in one of the runs
-  (a difference of two times that vanished in the noise) has no ratio: it is reported as unmeasured.
-
-A baseline is comparable only with a run of the same benchmark, device class and settings (the
-number of repeats aside); anything else is a usage error, not a verdict.
-"""
+Counts are exact, grouped speed-ups are gated beyond a noise band, times are only reported; the
+README's Benchmarks section states the policy. A baseline of another benchmark, device class or
+settings is a usage error (:func:`check_comparable`), not a verdict."""
 
 from __future__ import annotations
 
@@ -44,8 +26,8 @@ _GROUP_SUFFIX = "/speedup (geometric mean)"
 class Thresholds:
     """``floor`` and ``noise_factor``: the band of one time or speed-up, ``max(floor, noise_factor x
     spread)``; ``speedup_floor`` and ``group_noise_factor``: the band of a group's mean speed-up,
-    ``max(speedup_floor, group_noise_factor x standard error)``. The default 25% floor: on the H200 a
-    rerun moved a group's mean by at most 11%, a runner 2 ms slower per call by 44% or more."""
+    ``max(speedup_floor, group_noise_factor x standard error)``. The default speed-up floor lies between
+    how far a rerun moved a group's mean and how far a slowed runner moved it (README, Benchmarks)."""
 
     floor: float = 0.15
     noise_factor: float = 3.0

@@ -1,19 +1,7 @@
-"""``python -m harness bench BENCHMARK``: one command skeleton for every benchmark.
+"""``python -m harness bench BENCHMARK``: the one command skeleton every benchmark runs in.
 
-Shared options (every benchmark): ``--device``, ``--graph-backend``, ``--impl COMPONENT=SPEC``,
-``--json``, ``--repeat``, ``--baseline`` (with ``--time-floor``, ``--noise-factor`` and ``--speedup-floor``) and
-``--plot``. ``python -m harness bench BENCHMARK --help`` lists the benchmark's own options too.
-
-A benchmark is a module with ``COMPONENTS`` (what ``--impl`` may name), ``DESCRIPTION``,
-``add_options(parser)``, ``settings_of(options, *, device) -> dict`` (what a run measures, as its report
-records it), ``arguments_for(settings) -> list[str]`` (the options that measure those settings),
-``run(options, *, device, backend, implementations, repeat) -> Result``, ``format_table(result, *, device)``
-and optionally ``plot(result, path)`` and ``failed(result)``.
-
-Exit status: 0; 1 when ``--baseline`` finds a regression (or the benchmark's own check fails);
-2 on a usage error (one line on stderr), among them a ``--baseline`` of another benchmark, device class or
-settings, refused before anything is measured with the command line that would match it.
-"""
+:data:`BENCHMARKS` names the benchmark modules; the module interface a benchmark provides, the shared
+options and the exit statuses are in the README's Benchmarks section."""
 
 from __future__ import annotations
 

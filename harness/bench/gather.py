@@ -1,17 +1,7 @@
 """``python -m harness bench gather``: what the compiled gather saves, as plain calls and inside a graph.
 
-For the eager oracle, the compiled reference and the candidate (``--impl gather=SPEC``; the
-reference by default), at each index count, with and without hidden states:
-
-* as plain calls: launches per call (CUDA: device kernels; emulation: top-level ATen ops) and, on
-  CUDA, GPU µs per call (CUDA events) with the host's wall time beside;
-* captured in a graph after a decode-step-like neighbour (a projection matmul), where host overhead
-  disappears: launches and GPU µs per replay, the neighbour-only graph's subtracted;
-* graphs dynamo compiled and the first-call (compile) time per implementation.
-
-Each time is stated against eager, measured in the same run. The candidate's figures are the ones
-a baseline holds (``candidate/...``); eager and the reference are measured beside as yardsticks.
-"""
+Measures eager, the compiled reference and the candidate (``--impl gather=SPEC``); the candidate's
+figures are what a baseline holds. ``docs/gather.md`` (The benchmark) describes the table."""
 
 from __future__ import annotations
 
@@ -95,14 +85,15 @@ def _measure(role: str, gather: Callable[..., Any], *, device: torch.device, bac
             weight = torch.randn(settings["hidden_size"], 256, generator=generator).to(device, hidden_spec.dtype)
             projected = torch.empty(64, 256, device=device, dtype=hidden_spec.dtype)
 
-            def neighbour() -> None:
+            def neighbour(activation: torch.Tensor = activation, weight: torch.Tensor = weight,
+                          projected: torch.Tensor = projected) -> None:
                 torch.mm(activation, weight, out=projected)
 
             neighbour_graph = capturer.capture(neighbour)
             for count in settings["counts"]:
                 indices = torch.randint(0, settings["pool"], (count,), generator=generator).to(device)
 
-                def call(indices: torch.Tensor = indices) -> Any:
+                def call(indices: torch.Tensor = indices, buffers: Any = buffers) -> Any:
                     return gather(indices, *buffers)
 
                 def step(call: Callable[[], Any] = call) -> Any:
@@ -207,11 +198,13 @@ def format_table(result: Result, *, device: torch.device) -> str:
         if on_cuda:
             line += (f" {format_stat(row['plain_us'], digits=1):>14} {format_stat(row['plain_wall_us'], digits=1):>14}"
                      f" {format_stat(row.get('plain_vs_eager'), unit='x'):>12}"
-                     f" {format_stat(row['graph_us'], digits=1):>14} {format_stat(row.get('graph_vs_eager'), unit='x'):>12}")
+                     f" {format_stat(row['graph_us'], digits=1):>14} "
+                     f"{format_stat(row.get('graph_vs_eager'), unit='x'):>12}")
         lines.append(line)
     lines.append("")
     lines += [f"{role}: {t['graphs']} graphs compiled, "
-              + (f"first calls {t['first_calls_s']:.2f} s (compile included), " if t["first_calls_s"] is not None else "")
+              + (f"first calls {t['first_calls_s']:.2f} s (compile included), "
+                 if t["first_calls_s"] is not None else "")
               + f"{t['failed_frames']} frames fell back to eager, {t['graph_breaks']} graph breaks"
               for role, t in totals.items()]
     lines.append("'in graph': launches of one replay of [neighbour matmul + gather] minus the neighbour's alone"

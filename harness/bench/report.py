@@ -1,19 +1,8 @@
-"""What every benchmark reports: the environment header, figures with their spread, JSON, a plot.
+"""What every benchmark reports: the environment header, rows, figures with their spread, JSON, a plot.
 
-A benchmark produces *rows* (what its table and plot show) and *figures*: named numbers that a
-later run is compared against (:mod:`harness.bench.baseline`). A figure has a kind that says how
-it is compared:
-
-* ``count``: launches, captures, fallbacks, segments; exact, any change fails;
-* ``time``: a median time (lower is better) with the relative spread of its repeats; reported
-  against a baseline, never failed (host-bound times move between runs of one machine);
-* ``speedup``: a ratio measured in the same run (higher is better), with its spread. Speed-ups
-  sharing a ``group`` (one model) are gated together by their geometric mean; each one alone is
-  reported. A speed-up without a group is gated alone.
-
-On the emulated backend a run records counts only: CPU wall time of an emulation says nothing
-about what a GPU would do, so no time or speed-up figure is produced there.
-"""
+A figure is a named number of kind ``count`` (exact), ``time`` (reported only) or ``speedup`` (gated by
+group); on the emulated backend only counts are produced. The README's Benchmarks section explains
+how :mod:`harness.bench.baseline` compares them."""
 
 from __future__ import annotations
 

@@ -1,20 +1,8 @@
 """``python -m harness bench runner``: what replaying the layer stack buys over eager, and where it goes.
 
-For every chosen zoo model and size, the runner (``--impl runner=SPEC``, the reference by default)
-captures its buckets; then, per batch composition, ``runner.run(batch)`` is set against the eager
-model on the same batch:
-
-* launches per call, eager and run (CUDA: host launch calls, a graph replay being one; emulation:
-  top-level ATen ops), and ``eager_fallbacks`` per call;
-* CUDA only: eager and run time (CUDA events, host wall beside), the speed-up measured in the same
-  run, and the run split into the captured segments' GPU time, the eager breaks, and the rest:
-  the model's eager glue (embedding, logits; measured alone with the layer stack stubbed) and the
-  runner's own host overhead (copies into static buffers, padding, handing out, the patch);
-* per bucket: capture time, pool memory (CUDA), segments and breaks;
-* last, the per-layer divergence table (harness.runner.divergence): the largest
-  |replay - eager| of every decoder layer of a dense, an MoE, a VLM and a hybrid transformers-zoo
-  architecture (--architectures), up to the first layer beyond the tolerance.
-"""
+For each zoo model and size and each batch composition: launches, fallbacks, times and the replay's
+split (segments, breaks, eager glue, runner overhead), per-bucket capture figures, then the per-layer
+divergence table. The README's Benchmarks section describes the table."""
 
 from __future__ import annotations
 
@@ -44,7 +32,8 @@ from harness.runner.divergence import (
     format_divergence_table,
 )
 
-__all__ = ["COMPONENTS", "SIZES", "FULL", "QUICK", "add_options", "settings_of", "arguments_for", "run", "figures_of", "format_table", "plot"]
+__all__ = ["COMPONENTS", "SIZES", "FULL", "QUICK", "add_options", "settings_of", "arguments_for", "run", "figures_of",
+           "format_table", "plot"]
 
 COMPONENTS = ("runner",)
 DESCRIPTION = __doc__.splitlines()[0]
@@ -55,8 +44,8 @@ SIZES: dict[str, ModelConfig] = {
     "large": ModelConfig(vocab_size=32000, hidden_size=1024, intermediate_size=4096, num_layers=8, num_heads=16),
 }
 # The full table (README) and the regression-check set: one token and four requests of 31 tokens, the
-# batches where replay buys most and least, in the buckets they use. On the H200 a runner 2 ms slower
-# per call moved every model's mean speed-up over these two rows by 44% or more, a rerun by 11% at most.
+# batches where replay buys most and least, in the buckets they use. Over these two rows a slowed runner
+# moves every model's mean speed-up well past the gate, a rerun stays well within it (README, Benchmarks).
 FULL = {"compositions": "1;3;2,2,2,2;4,4,4,4;8,8,8,7", "buckets": "4,8,16,32"}
 QUICK = {"compositions": "1;8,8,8,7", "buckets": "4,32"}
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

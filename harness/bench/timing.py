@@ -1,8 +1,7 @@
-"""How benchmarks time a call: warm-up, then repeats, each timed by CUDA events and by the host clock.
+"""How benchmarks time a call: warm-up, then repeats, each timed by CUDA events and the host clock.
 
-Every repeat is one sample; the report gives the median and spread of the samples, never a mean
-over a loop, so a noisy machine shows as a wide spread instead of a shifted number.
-"""
+Each repeat is one sample; reports give the median and spread, never a mean over a loop, so a noisy
+machine shows as a wide spread instead of a shifted number."""
 
 from __future__ import annotations
 

@@ -1,12 +1,8 @@
 """``python -m harness bench tolerance``: how far replays are from eager, per zoo model and dtype.
 
-The numbers behind :data:`harness.compare.TOLERANCES` for layer stacks: run it on the machine and
-backend in question and record the worst case next to the table. For each model and dtype it
-replays random batches (all logits, all hidden states) through the runner (``--impl runner=SPEC``)
-and reports the largest absolute difference to eager on the same batch and the largest *tolerance
-use* ``|replay - eager| / (atol + rtol * |eager|)``: above 1 the suites would fail, and the command
-exits 1.
-"""
+Reports the largest difference and the largest *tolerance use* ``|replay - eager| / (atol + rtol *
+|eager|)`` (above 1 the suites would fail; the command then exits 1): the evidence behind
+:data:`harness.compare.TOLERANCES` for layer stacks."""
 
 from __future__ import annotations
 

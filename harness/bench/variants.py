@@ -1,12 +1,8 @@
-"""Bench-only regressions: correct implementations that are slower, or launch more, than they should.
+"""Bench-only regressions: correct implementations that are slower or launch more than they should.
 
-They are not mutants (the suites must pass them: they compute the right numbers); they exist to
-prove that ``--baseline`` catches what correctness suites cannot. Select them by path:
-
-    python -m harness bench runner --impl runner=harness.bench.variants:SlowedRunner --baseline B.json
-    python -m harness bench runner --impl runner=harness.bench.variants:EagerFallbackRunner --baseline B.json
-    python -m harness bench gather --impl gather=harness.bench.variants:gather_with_extra_kernel --baseline B.json
-"""
+Not mutants (the suites pass them); they show that ``--baseline`` catches what correctness suites
+cannot, e.g. ``python -m harness bench runner --impl runner=harness.bench.variants:SlowedRunner
+--baseline B.json``. The README's Benchmarks section lists them."""
 
 from __future__ import annotations
 
@@ -20,7 +16,7 @@ from harness.runner import ForwardBatch, LayerStackRunner
 
 __all__ = ["SLOWDOWN_S", "SlowedRunner", "EagerFallbackRunner", "gather_with_extra_kernel"]
 
-SLOWDOWN_S = 0.002  # host time the slowed runner adds to every replay: about 2x a tiny model's replay on an H200
+SLOWDOWN_S = 0.002  # host time the slowed runner adds to every replay: more than a tiny model's replay on a GPU
 
 
 class SlowedRunner(LayerStackRunner):

@@ -1,14 +1,8 @@
 """``python -m harness conformance``: which contract clauses an implementation holds.
 
-It runs one component's suite against ``--impl COMPONENT=SPEC`` in a child pytest process (so a
-crashing candidate cannot take the report with it), reads each test's outcome and the clause it
-checks (:mod:`harness.conformance.plugin`), and reports one row per clause of the component's
-contract (:mod:`harness.conformance.clauses`): ``held`` (every test of it passed), ``violated`` (with the first
-falsifying example and the command that reproduces it), or ``not run`` (every test of it skipped,
-with the reason). Core violations (wrong results) are named first, then strict ones (what the
-harness requires to raise). The report is printed, and written as Markdown (for a pull request)
-and JSON.
-"""
+Runs a component's suite against ``--impl COMPONENT=SPEC`` in a child pytest and reports each clause
+``held``, ``violated`` (core ones first) or ``not run``, printed and as Markdown and JSON;
+``docs/graphs.md`` (Conformance) describes the report."""
 
 from __future__ import annotations
 
@@ -158,7 +152,8 @@ def run_conformance(*, component: str, spec: str, device: str = "auto", graph_ba
                           engine=_engine(component, spec), device=resolved.type, graph_backend=backend,
                           environment=_environment(resolved), command=display)
     if stopped:
-        report.stopped = f"stopped at the time limit of {time_limit:.0f} s: tests that had not finished count as not run"
+        report.stopped = (f"stopped at the time limit of {time_limit:.0f} s: tests that had not finished count as "
+                          "not run")
     return report
 
 
@@ -281,7 +276,8 @@ def _cell(text: str) -> str:
 def format_markdown(report: ConformanceReport) -> str:
     """The report as Markdown, to paste into a pull request or a CI step summary."""
     out = [f"## {_title(report)}", "", f"- **{report.headline(_clauses.CORE)}**",
-           f"- {report.headline(_clauses.STRICT)}", *([f"- **incomplete**: {report.stopped}"] if report.stopped else []),
+           f"- {report.headline(_clauses.STRICT)}",
+           *([f"- **incomplete**: {report.stopped}"] if report.stopped else []),
            "",
            "Tiers: **core**: " + _clauses.TIERS[_clauses.CORE] + "; **strict**: " + _clauses.TIERS[_clauses.STRICT]
            + ".", "", "| tier | clause | verdict | tests passed | first falsifying example |",

@@ -1,17 +1,8 @@
-"""The contract clauses of each component, as its doc's contract section states them.
+"""The contract clauses of each component, with their tiers (``core``: wrong results; ``strict``: must raise).
 
-A suite's test names the clause it checks with ``@pytest.mark.clause("ID")`` (on the test, on one
-of its parameters, or on its module as ``pytestmark``; the nearest wins), and ``python -m harness
-conformance`` reports one row per clause (:mod:`harness.conformance`). Each clause has a tier:
-
-* **core**: a violation gives wrong results (stale reads, silent broadcast or cast, lost write-back,
-  made-up data);
-* **strict**: the harness's stance on what must raise or be reported, where an engine may document
-  the case as undefined or fail in its own way.
-
-The doc of each component shows every clause's id and tier beside the bullet that states it
-(``tests/test_clauses.py`` checks doc, table and suites agree).
-"""
+A test names its clause with ``@pytest.mark.clause("ID")`` (parameter, test or module; the nearest wins).
+Each component's doc shows every clause id and tier; ``tests/test_clauses.py`` checks doc, table and
+suites agree."""
 
 from __future__ import annotations
 

@@ -1,12 +1,7 @@
-"""Pytest plugin loaded into the child process of ``python -m harness conformance``
-(``-p harness.conformance.plugin``).
+"""Pytest plugin of the ``python -m harness conformance`` child process (``-p harness.conformance.plugin``).
 
-It gives every collected test the contract clause it checks (its nearest ``clause`` marker: a
-parameter's, the test's, then its module's) as a user property, so the clause travels with each
-report through pytest-xdist, and appends one JSON line per test phase to the file named by
-``HARNESS_CONFORMANCE_RECORD``: node id, clause, outcome, and for a failure its message, the
-falsifying example and the command that reproduces it.
-"""
+Gives each test its nearest ``clause`` marker as a user property and appends one JSON line per test
+phase (node id, clause, outcome, failure details) to the file named by ``HARNESS_CONFORMANCE_RECORD``."""
 
 from __future__ import annotations
 

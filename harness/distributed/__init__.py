@@ -1,21 +1,9 @@
-"""Collectives of tensor-parallel models, and the communicator a graph runner may switch them to.
+"""Collectives of the tensor-parallel zoo models, and the communicator a runner may switch them to.
 
-The sharded zoo models (:mod:`harness.models.tensor_parallel`) call :func:`all_reduce` and
-:func:`all_gather` here, never ``torch.distributed`` directly. These run through the *current
-communicator*: :class:`Communicator` (``torch.distributed`` on the given group: gloo on the CPU,
-NCCL on GPUs) unless a block installs another with :func:`use_communicator`. That is the seam
-engines have: vLLM's and SGLang's ``graph_capture()`` switch the tensor-parallel group to a
-graph-capturable all-reduce (custom all-reduce, pynccl) while graphs are captured and replayed.
-The reference runner keeps the default (``torch.distributed`` collectives capture as they are: the
-emulated backend records and replays them, NCCL supports stream capture); runners under test may
-install their own through the runner's ``collectives()`` seam.
-
-:func:`all_reduce_as_break` is the same all-reduce marked as an eager break: a model built with
-``collectives="break"`` runs every all-reduce between graph segments, at replay too, on the live
-values of the captured buffer (the other way engines run collectives with graphs).
-
-:func:`agree` is the runner's host-side agreement: the largest of the ranks' values, one all-reduce.
-"""
+Safe to use: :func:`all_reduce`, :func:`all_gather`, :func:`all_reduce_as_break` (the all-reduce as an
+eager break), :func:`agree` (the ranks' largest value), :class:`Communicator` and
+:func:`use_communicator`, the seam a runner's ``collectives()`` installs its own through, as engines'
+``graph_capture()`` do. ``docs/runner.md`` (Tensor parallelism) describes them."""
 
 from __future__ import annotations
 

@@ -1,18 +1,7 @@
 """A pool of rank processes forming one ``torch.distributed`` group, for multi-rank tests.
 
-:class:`RankPool` starts ``world_size`` child processes (torch's multiprocessing, ``spawn``), which
-rendezvous on a loopback address (127.0.0.1, a free port) and form one process group: gloo on the
-CPU, NCCL with one GPU per rank on CUDA. The pool lives across tests (starting it costs seconds:
-each child imports torch), and :meth:`RankPool.run` runs one *step* on every rank: a module-level
-function ``fn(rank_context, *args)`` (picklable by name), returning each rank's result.
-
-Nothing a rank does can hang the caller: every step has a deadline. A rank that raises makes the
-step fail with :class:`RankFailure`, which names every rank's fate in that step (raised, with its
-traceback; still running past the deadline, i.e. hung in a collective; died, with its exit code;
-finished). A rank that raises reports and exits, so a peer blocked in a collective with it gets an
-error (its connections close) instead of waiting forever; peers still running after a short grace
-count as hung and are killed. After any failed step the pool starts afresh on the next one.
-"""
+Safe to use: :class:`RankPool` (``run(step, fn, *args)`` runs a module-level function on every rank
+under a deadline) and :class:`RankFailure`, which names every rank's fate when a step fails."""
 
 from __future__ import annotations
 
@@ -98,10 +87,9 @@ def _tear_down_group() -> None:
     import torch.distributed as dist
 
     if dist.is_initialized():
-        try:
+        # A broken group may refuse a clean shutdown; it is gone either way.
+        with contextlib.suppress(Exception):
             dist.destroy_process_group()
-        except Exception:  # noqa: BLE001 - a broken group may refuse a clean shutdown; it is gone either way
-            pass
 
 
 def _exit_with_the_parent(parent: int) -> None:
@@ -157,7 +145,16 @@ def _child(rank: int, world_size: int, backend: str, device: str, port: int, tim
 
 
 class RankPool:
-    """``world_size`` rank processes in one process group; see the module docstring.
+    """``world_size`` rank processes in one process group, living across tests.
+
+    The children (torch's multiprocessing, ``spawn``) rendezvous on 127.0.0.1 at a free port and form one
+    group. :meth:`run` runs one *step* on every rank: a module-level function ``fn(rank_context, *args)``
+    (picklable by name), returning each rank's result. Every step has a deadline, so nothing a rank does can
+    hang the caller. A failed step raises :class:`RankFailure` naming every rank's fate (raised, with its
+    traceback; still running past the deadline, i.e. hung in a collective; died, with its exit code;
+    finished). A rank that raises reports and exits, so a peer blocked in a collective with it gets an
+    error instead of waiting forever; peers still running after ``grace`` count as hung and are killed.
+    After any failed step the pool starts afresh on the next one.
 
     ``backend``: ``"gloo"`` (CPU) or ``"nccl"`` (rank ``r`` on ``cuda:r``). ``step_timeout`` bounds
     every step (seconds); ``group_timeout`` is the process group's own collective timeout. Both are

@@ -1,23 +1,8 @@
 """The compiled gather of speculative-decoding extras: oracle, reference, relay and accounting.
 
-The contract every gather implementation must meet (the suites in ``suites/gather`` check it):
-
-* Called as ``gather(indices, topk_p_buf, topk_index_buf, output_tokens_buf, hidden_states_buf)``,
-  it returns ``(topk_p, topk_index, bonus_tokens, hidden_states)``, each ``buf[indices]``: bit-identical
-  to eager advanced indexing (a gather is a copy), same dtype, shape ``(len(indices), *buf.shape[1:])``.
-* ``indices`` is 1-D, int32 or int64, any length (0 included, duplicates allowed), with values in
-  ``[-pool, pool)`` where ``pool = buf.shape[0]``; negative values wrap as in Python indexing.
-* Indices and sources may have any memory layout (strided, sliced, offset views); a source may have
-  any trailing shape and any dtype (bf16, fp16, float8 where the build has it, bool, integers, ...).
-* Outputs are new tensors that alias no source; sources are never modified.
-* ``hidden_states_buf=None`` (hidden states not captured) gives ``hidden_states=None``.
-* An index outside ``[-pool, pool)`` must raise (a device-side assert counts), never return made-up data.
-
-Contents: :func:`eager_gather` (the oracle), :func:`compiled_gather` (the reference, one
-``torch.compile(dynamic=True)`` function), :class:`SpecExtrasRelay` (a FutureMap-style relay),
-:mod:`harness.gather.accounting` (compile and launch counts), :mod:`harness.gather.probe`
-(crash-prone cases in a child process); the benchmark is :mod:`harness.bench.gather`.
-"""
+Safe to use: :func:`eager_gather` (the oracle), :func:`compiled_gather` (the reference),
+:class:`SpecExtrasRelay`, :mod:`harness.gather.accounting` and :mod:`harness.gather.probe`. The
+contract every implementation must meet is in ``docs/gather.md``."""
 
 from harness.gather.accounting import (
     COMPILED_GRAPH_BUDGET,

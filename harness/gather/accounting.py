@@ -1,13 +1,6 @@
-"""Counting what a gather costs: compiled graphs (dynamo counters) and kernel launches (profiler).
-
-:func:`compile_accounting` measures, around a block, how many graphs dynamo compiled, how many frames
-it failed to convert (a silent fallback to eager, the recompile limit among them) and how many
-graph breaks it took. :func:`count_launches` runs a call under ``torch.profiler``: on CUDA it counts
-device kernels (and, apart, memcpy/memset); on the CPU, inductor's generated kernels are invisible
-to the profiler, so it counts what is visible: top-level ATen ops and compiled-region entries.
-It keeps the profiler's C++ side (kineto) from printing two ``USDT: ... profiler_start/stop`` lines
-to stderr per profile (see :func:`_quiet_profiler`).
-"""
+"""Counting what a gather costs: :func:`compile_accounting` (dynamo graphs, fallbacks, breaks) and
+:func:`count_launches` (profiler: device kernels on CUDA; top-level ATen ops on the CPU, where
+inductor's kernels are invisible to the profiler)."""
 
 from __future__ import annotations
 

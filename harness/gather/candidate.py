@@ -1,10 +1,7 @@
 """What a gather implementation must look like, checked when it is loaded (``--impl gather=...``).
 
-A candidate is a callable ``gather(indices, topk_p_buf, topk_index_buf, output_tokens_buf,
-hidden_states_buf)`` returning ``(topk_p, topk_index, bonus_tokens, hidden_states)``. It may declare
-``promised_kernel_launches``: an ``int`` (launches per call, with or without hidden states) or a
-mapping ``{"with_hidden": int, "without_hidden": int}``; the launch suite then asserts it on CUDA.
-"""
+A callable of the five buffers returning four results, optionally with ``promised_kernel_launches``
+(an int or ``{"with_hidden": int, "without_hidden": int}``); ``docs/gather.md`` has the details."""
 
 from __future__ import annotations
 

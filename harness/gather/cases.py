@@ -1,11 +1,7 @@
-"""Gather inputs described by a few numbers: pool, index count, dtypes, layouts and a seed.
+"""Gather inputs described by a few numbers: :class:`GatherCase` (pool, count, dtypes, layouts, seed).
 
-A :class:`GatherCase` is what a failure report quotes and what a subprocess receives; ``build``
-turns it into tensors, deterministically (values come from a seeded ``torch.Generator`` on the
-CPU, so the same case gives the same bits on every device). Layouts other than ``contiguous``
-place the values in a view of a larger buffer whose other elements are random junk, so an
-implementation that ignores strides or offsets reads junk and is caught.
-"""
+``build`` makes tensors deterministically from a CPU ``torch.Generator``; non-contiguous layouts put
+the values in a view of a larger junk-filled buffer, so ignoring strides or offsets reads junk."""
 
 from __future__ import annotations
 
@@ -115,8 +111,8 @@ class BufferSpec:
 
     def describe(self) -> str:
         slots = "pool" if self.pool is None else f"{self.pool}"
-        return f"[{slots}, {', '.join(map(str, self.trailing))}] {str(self.dtype).removeprefix('torch.')} {self.layout}".replace(
-            ", ]", "]")
+        dtype = str(self.dtype).removeprefix("torch.")
+        return f"[{slots}, {', '.join(map(str, self.trailing))}] {dtype} {self.layout}".replace(", ]", "]")
 
 
 @dataclasses.dataclass
@@ -152,7 +148,8 @@ class GatherCase:
         if self.index_values is not None and len(self.index_values) != self.count:
             raise GatherContractError(
                 f"index_values has {len(self.index_values)} entries but count is {self.count}")
-        small = [spec.pool for spec in self.specs if spec is not None and spec.pool is not None and spec.pool < self.pool]
+        small = [spec.pool for spec in self.specs
+                 if spec is not None and spec.pool is not None and spec.pool < self.pool]
         if small:
             raise GatherContractError(f"a buffer's own pool ({small[0]}) is below the case's pool ({self.pool}): the "
                                       "case's pool is the smallest, the domain of its indices")

@@ -1,20 +1,8 @@
 """Run a gather on crash-prone cases in child processes, so a crash cannot take the caller down.
 
-Out-of-range or negative indices can make an unchecked kernel read or write outside a buffer:
-a segfault on the CPU, a poisoned context on CUDA. :func:`probe` runs the candidate in a fresh
-interpreter and classifies what it did on each case:
-
-``correct``    returned the oracle's result, bit for bit (a valid index set);
-``raised``     raised an exception (a device-side assert counts: it surfaces as one);
-``wrong data`` returned something else, or returned anything at all for an invalid index set;
-``crashed``    the process died or hung while running the case.
-
-One child runs the cases in order and reports each as it finishes; when it dies, the case it was
-running is ``crashed`` and a new child takes the rest. On CUDA a child also stops after a case that
-raised and left the context unusable (a device-side assert does; an exception raised on the host
-before any kernel does not), and a new child takes the rest.
-Child side: ``python -m harness.gather.probe SPEC DEVICE`` with a JSON list of cases on stdin.
-"""
+:func:`probe` classifies each case ``correct``, ``raised``, ``wrong data`` or ``crashed``; a child that
+dies (or leaves a CUDA context unusable) is replaced for the remaining cases. Child side:
+``python -m harness.gather.probe SPEC DEVICE`` with a JSON list of cases on stdin."""
 
 from __future__ import annotations
 
@@ -97,8 +85,8 @@ def probe(spec: str, cases: Sequence[ProbeCase], *, device: str, timeout: float 
     """Run implementation ``spec`` (a registered name or ``pkg.mod:attr``) on ``cases`` in child processes.
 
     On CUDA each invalid case gets a child of its own and the children run at once: a device-side
-    assert ends a child's usefulness, and a child costs a CUDA context and a compile (one after another,
-    the five index-domain cases took a minute on an H200). On the CPU one child runs them in order.
+    assert ends a child's usefulness, and a child costs a CUDA context and a compile (so run one after
+    another, the index-domain cases add up). On the CPU one child runs them in order.
     """
     if not device.startswith("cuda"):
         return _probe_in_turn(spec, list(cases), device, timeout)

@@ -1,11 +1,7 @@
-"""The eager oracle and the compiled gather of speculative-decoding extras.
+"""The eager oracle (:func:`eager_gather`, the definition) and the compiled reference gather.
 
-Both take ``(indices, topk_p_buf, topk_index_buf, output_tokens_buf, hidden_states_buf)`` and return
-``(topk_p, topk_index, bonus_tokens, hidden_states)``: every buffer indexed by the same 1-D index
-tensor along its first dimension, ``None`` in and ``None`` out for the hidden states. The eager
-oracle *is* the definition; the compiled gather is one ``torch.compile(dynamic=True)`` function
-so that the four gathers can share launches, and must be bit-identical to the oracle.
-"""
+The reference is one ``torch.compile(dynamic=True)`` function, so the four gathers can share launches;
+it must be bit-identical to the oracle."""
 
 from __future__ import annotations
 

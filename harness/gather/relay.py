@@ -1,13 +1,8 @@
-"""A FutureMap-style relay of speculative-decoding extras between decode steps.
+"""A FutureMap-style relay of speculative-decoding extras between decode steps (:class:`SpecExtrasRelay`).
 
-Engines that overlap scheduling with the forward pass keep the extras a step produced (top-k
-probabilities and token ids, the bonus token, optionally hidden states) in per-slot buffers sized
-by the request pool, and the next step fetches them by slot through a gather. The relay here does
-that with any gather implementation, and checks the invariant engines assert in debug builds: a
-slot is read once per stash. ``resolve`` resets every slot it consumed to :data:`SENTINEL` in the
-token buffer; reading a slot that holds the sentinel (never stashed, or already consumed) raises
-:class:`~harness.errors.GatherContractError` instead of handing stale data to the next step.
-"""
+It stashes each step's extras in per-slot buffers and resolves them by slot through any gather; a slot
+is read once per stash (``resolve`` resets it to :data:`SENTINEL`), and reading an unstashed or consumed
+slot raises :class:`~harness.errors.GatherContractError`."""
 
 from __future__ import annotations
 
@@ -95,7 +90,8 @@ class SpecExtrasRelay:
         if wrapped.unique().numel() != wrapped.numel():
             raise GatherContractError(f"stash slots {slots.tolist()} name a slot twice; each slot holds one request")
         count = slots.numel()
-        for name, value, buffer in (("topk_p", topk_p, self.topk_p_buf), ("topk_index", topk_index, self.topk_index_buf),
+        for name, value, buffer in (("topk_p", topk_p, self.topk_p_buf),
+                                    ("topk_index", topk_index, self.topk_index_buf),
                                     ("output_tokens", output_tokens, self.output_tokens_buf),
                                     ("hidden_states", hidden_states, self.hidden_states_buf)):
             self._check_values(name, value, buffer, count)

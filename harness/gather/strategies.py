@@ -1,8 +1,7 @@
 """Hypothesis strategies for gather cases: shapes, dtypes, layouts and seeds, never element values.
 
-Element values come from ``torch.Generator`` seeded by the drawn seed (see :mod:`harness.gather.cases`),
-which keeps examples small to shrink and reproducible from the failure report.
-"""
+Values come from a generator seeded by the drawn seed (:mod:`harness.gather.cases`), which keeps
+examples small to shrink and reproducible from the failure report."""
 
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
 """Graph backends behind one small interface, and breakable graphs on top of them.
 
-``get_backend("auto" | "cuda" | "emulated")`` picks a backend; ``GraphCapturer(backend)`` captures
-functions into :class:`BreakableGraph` objects; :func:`eager_on_graph` and :func:`break_graph`
-mark where a capture breaks for eager work, and any capturer receives those calls during its own
-capture through :func:`receive_breaks` (the break seam; ``docs/graphs.md`` has an adapter).
-"""
+Safe to use: :func:`get_backend`, :class:`GraphCapturer` and its graphs, the break markers
+(:func:`eager_on_graph`, :func:`break_graph`) and the break seam :func:`receive_breaks`.
+``docs/graphs.md`` is the contract, the seams and a worked adapter."""
 
 from __future__ import annotations
 

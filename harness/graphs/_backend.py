@@ -1,9 +1,7 @@
-"""The graph-backend interface: what a backend must provide for captures and replays.
+"""The graph-backend interface (:class:`GraphBackend`): what a backend provides for captures and replays.
 
-A backend records *segments*: stretches of work between ``begin_segment`` and ``end``. The
-breakable capture in :mod:`harness.graphs._breakable` strings segments and eager breaks together;
-a plain capture is a breakable capture without breaks. Backends never see breaks.
-"""
+A backend records *segments* (``begin_segment`` ... ``end``) and never sees breaks; the members a
+backend must offer are listed in ``docs/graphs.md`` (The reference and its seams)."""
 
 from __future__ import annotations
 

@@ -1,14 +1,8 @@
-"""Breakable graphs: captured segments with eager breaks between them.
+"""Breakable graphs: captured segments with eager breaks between them (the reference ``graphs`` component).
 
-A function decorated with :func:`eager_on_graph` becomes a *break*: called during a capture, it
-ends the current segment, runs eagerly, and a new segment begins; at replay the segments replay
-and each break runs eagerly again, its new outputs written back in place into the objects it
-returned at capture (later segments, and the caller, hold those). Outside a capture a break is a
-plain call. :class:`GraphCapturer` is the reference implementation of the ``graphs`` component;
-its ``session_class`` and ``graph_class`` are the seams mutants and other implementations override.
-A capture receives the break calls through the public seam of :mod:`harness.graphs._seam`
-(:func:`~harness.graphs.receive_breaks`), the same one an engine's adapter uses.
-"""
+:class:`GraphCapturer` is the reference; its ``session_class`` and ``graph_class``, and the members of
+:class:`CaptureSession`, :class:`BreakableGraph`, :class:`Break` and :func:`write_back` listed in
+``docs/graphs.md`` (The reference and its seams), are what subclasses and mutants may override."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
-"""Which ATen ops cannot be captured in a CUDA graph, stated once for every backend.
+"""Which ATen ops a CUDA graph capture refuses, stated once for every backend.
 
-CUDA rejects, during stream capture, anything that synchronises with the host or whose output
-shape depends on tensor values (the host would have to read the data to allocate the output).
-The emulated backend enforces this list itself so a CPU run fails exactly where a GPU run would.
-"""
+Host syncs and ops whose output shape depends on tensor values; the emulated backend enforces this
+list itself, so a CPU run fails where a GPU run would."""
 
 from __future__ import annotations
 

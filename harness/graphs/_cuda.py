@@ -1,13 +1,6 @@
 """The CUDA graph backend: real ``torch.cuda.CUDAGraph`` segments.
 
-Warm-up runs on a side stream (lazy cuBLAS handles, autotuning and compiles must not happen during
-capture). All segments of a capture, and all graphs that share a pool, allocate from one CUDA
-graph memory pool. The whole capture, breaks included, runs on the backend's capture stream (one for
-all its captures, as an engine's runner keeps one: the caching allocator reuses a pool's free blocks only
-on the stream that freed them, so graphs sharing a pool share memory only on one stream), which first
-waits for the caller's stream; the caller's stream waits for it again when each segment ends, so
-work forked onto the capture stream is joined before anything after the segment runs.
-"""
+``docs/graphs.md`` (Graph backends) describes its warm-up, pools and capture stream."""
 
 from __future__ import annotations
 

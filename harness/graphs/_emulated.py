@@ -1,55 +1,7 @@
-"""The emulated graph backend: CUDA-graph semantics without a GPU.
+"""The emulated graph backend: CUDA-graph semantics without a GPU (record ATen ops, replay them).
 
-Capture records every ATen op that runs (a ``TorchDispatchMode``); replay runs the recorded op list
-again on the same tensors. What that reproduces of CUDA graphs:
-
-* Python control flow and Python scalars are frozen at capture: only ATen ops are replayed.
-* The graph reads the captured tensors only. Refilling a static input in place changes the next
-  replay; a new tensor object handed in later is never seen; views of static inputs see new data.
-* Tensors an op created during capture are refreshed in place at replay (their memory is the
-  graph's, like a CUDA graph's private pool), so downstream ops and the caller see new values.
-* Random ops draw fresh numbers at every replay, as CUDA's philox offsets advance.
-* Collectives (``torch.distributed``'s c10d ops: all-reduce, all-gather, ...) are ops like any
-  other: recorded with their process group, replayed on the captured buffers with the values those
-  hold at replay, each waited on before the next op as the capture-time call was (gloo ranks on the
-  CPU). A collective every rank must join is therefore replayed by every rank's graph, in order.
-* Ops CUDA refuses during capture (host syncs, data-dependent shapes, copies to the host; see
-  :mod:`harness.graphs._capture_rules`) raise :class:`~harness.errors.CaptureError` naming the op,
-  and so does ``Tensor.tolist()``, which reads CPU tensors without dispatching an op.
-* A tensor made from Python data on the graph's device (``torch.tensor(0.0, device=...)``,
-  ``torch.as_tensor([...])``: ``aten.lift_fresh``) raises :class:`~harness.errors.CaptureError`
-  naming the call site: on CUDA it is a copy from pageable host memory, which capture refuses
-  (transformers' bloom, falcon and gpt-neo masks do this). On the CPU device every such tensor is on
-  the graph's device, so a host-side helper tensor that CUDA would allow is refused here too.
-* A tensor that came from outside the capture is held weakly. If its owner releases it, the next
-  replay raises :class:`~harness.errors.GraphHazardError`: on CUDA its memory could be reused.
-
-Where the emulation differs from CUDA, knowingly:
-
-* ``torch.compile``d code runs eagerly while capturing (the capture holds the ``force_eager``
-  stance, since Dynamo cannot trace under a dispatch mode), so the replayed ops are the eager
-  decomposition, not the fused kernels; results are bitwise those of eager execution, whereas
-  CUDA replays the compiled kernels. Outside a capture, compiled functions compile as usual.
-* Replay allocates each op's result and copies it into the captured tensor, so it is slower than
-  eager and peak memory is higher; memory reuse inside the pool is not modelled.
-* Kernel paths chosen by device type are not seen: a model that takes a CUDA-only path that
-  capture refuses (transformers' fp32 ``grouped_mm`` experts fall back to a host loop on CUDA, while
-  the CPU has a kernel) captures here. ``harness.runner.capture_verdicts`` lists every zoo stack
-  whose CUDA verdict differs from the emulated one, with its cause.
-* Streams and events are ignored (CPU work is ordered), so missing stream joins go unnoticed.
-* A released external tensor is detected, not corrupted: CUDA would silently read reused memory.
-* Ops that mutate tensor metadata (``resize_``, ``set_``) replay, but a shape change of a captured
-  tensor between capture and replay is not refused as CUDA's fixed addresses would imply.
-* The capture-time run executes for real and stands in for the warm-up, so tensor state after a
-  capture matches CUDA's (warm-up ran once, capture ran nothing). Python code inside ``fn`` runs
-  once per capture here, ``warmup_runs + 1`` times on CUDA; eager breaks run once here, twice there.
-* Warm-up is therefore not modelled: state that ``fn`` creates lazily on its first call (a cached
-  tensor, a workspace, a counter) is created during the recording, so its creating ops are part of
-  the graph and replay re-initialises it every time; on CUDA the warm-up creates it outside the
-  graph, once. The warm-up tests of ``suites/graphs`` skip here for this reason
-  (:attr:`EmulatedBackend.warm_up_difference`), and a capturer that skips the warm-up cannot be told
-  apart from the reference on this backend.
-"""
+What it reproduces of CUDA graphs, and where it knowingly differs, is in ``docs/graphs.md`` (Graph
+backends); :attr:`EmulatedBackend.warm_up_difference` says why the warm-up tests skip here."""
 
 from __future__ import annotations
 
@@ -111,7 +63,8 @@ class _ExternalTensor:
                 "already hold other data. Keep static inputs alive as long as the graph."
             )
         with torch.no_grad():
-            return torch.empty((0,), dtype=self.dtype, device=self.device).set_(storage, self.offset, self.size, self.stride)
+            return torch.empty((0,), dtype=self.dtype, device=self.device).set_(storage, self.offset, self.size,
+                                                                                 self.stride)
 
 
 @dataclasses.dataclass
@@ -257,7 +210,7 @@ def _refuse_tolist() -> Iterator[None]:
 
 
 class EmulatedBackend(GraphBackend):
-    """CPU (or any device) stand-in for CUDA graphs; see the module docstring for its limits."""
+    """CPU (or any device) stand-in for CUDA graphs; ``docs/graphs.md`` (Graph backends) states its limits."""
 
     name = "emulated"
     warms_up_outside_the_graph = False

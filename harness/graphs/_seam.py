@@ -1,13 +1,7 @@
-"""The break seam: the harness's break markers, and how a capturer receives their calls.
+"""The break seam: the break markers, and how a capturer receives their calls.
 
-Code under test marks its breaks with :func:`eager_on_graph` (or calls :func:`break_graph`). While
-a capturer's capture runs, it *receives* those calls: it enters :func:`receive_breaks` with an
-object that has ``run_break(fn, args, kwargs)`` (the :class:`BreakReceiver` protocol), and every
-marked call made in that thread or asyncio context goes to it instead of running ``fn``. Outside
-any receiver a marked call is a plain call. The reference capturer receives breaks this way, and so
-does an engine's adapter (``harness.adapters.sglang`` forwards them to the engine's own marker);
-``docs/graphs.md`` has a worked adapter.
-"""
+Safe to use: :func:`eager_on_graph`, :func:`break_graph`, :func:`receive_breaks` and the
+:class:`BreakReceiver` protocol (``run_break(fn, args, kwargs)``). ``docs/graphs.md`` has a worked adapter."""
 
 from __future__ import annotations
 

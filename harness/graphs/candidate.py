@@ -1,13 +1,7 @@
 """What a ``graphs`` implementation must look like, checked when it is loaded (``--impl graphs=...``).
 
-A candidate is a class or factory ``factory(backend)`` returning a capturer: an object with
-``capture(fn, *, pool=None, warmup_runs=1)`` (returning a graph with ``replay()``, ``output``,
-``segment_count``, ``break_count`` and ``break_names``) and ``new_pool()``.
-
-The check is the signature, then a smoke call on the emulated backend: build a capturer, capture a
-two-segment program with one break, replay it once. Only the interface is checked, never the
-values (mutants are wrong on purpose and must load), so it costs a few milliseconds.
-"""
+The signature, then a smoke capture and replay of a two-segment program on the emulated backend; only
+the interface is checked, never the values (mutants must load). ``docs/graphs.md`` gives the interface."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """Model zoo: engine-style toy models with packed multi-request batches.
 
-``build_model(name, seed=..., dtype=..., device=...)`` builds one of :data:`MODEL_NAMES`; their
-attention reads the live request boundaries from :func:`forward_context`.
-"""
+Safe to use: ``build_model(name, seed=..., dtype=..., device=...)`` for any of :data:`MODEL_NAMES`, and
+:func:`forward_context`, from which their attention reads the live request boundaries."""
 
 from harness.batch import current_batch, forward_context
 from harness.models.engine import CausalLM, EngineModel, LogitsOutput, ModelConfig, packed_causal_attention

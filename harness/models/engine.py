@@ -1,13 +1,8 @@
 """Engine-style building blocks: packed tokens of several requests, attention as an eager break.
 
-Every forward takes ``(input_ids, positions, batch)`` where the tensors hold the tokens of all
-requests back to back and ``batch`` (a :class:`harness.runner.ForwardBatch` or anything with the
-same attributes) says where each request starts. Attention is the only place that needs the
-request boundaries; it is an :func:`~harness.graphs.eager_on_graph` break that reads them from the
-live :func:`~harness.batch.current_batch`, so a graph captured with one dummy request
-stays correct for any split of the same number of tokens. Tokens past the batch's real tokens
-(bucket padding) attend to nothing and come out as zeros.
-"""
+Every forward takes ``(input_ids, positions, batch)``; attention reads the request boundaries from the
+live :func:`~harness.batch.current_batch`, so a graph captured with one dummy request serves any split
+of the same token count. Padding tokens attend to nothing and come out as zeros."""
 
 from __future__ import annotations
 

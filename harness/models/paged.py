@@ -1,13 +1,8 @@
-"""A decoder with a paged KV cache, as engines run decode: the cache write and the attention read
-both happen in the attention break, through the batch's slot mapping and per-request KV lengths.
+"""A decoder with a paged KV cache (``paged-decoder``): the attention break writes and reads the cache.
 
-The cache is a buffer of the model (``model.kv_cache``: keys and values ``[layers, slots, heads,
-head_dim]``, slot ``page * block_size + offset``). Each attention break writes the new tokens' keys
-and values at ``batch.kv.slot_mapping`` (padding tokens, :data:`~harness.batch.PAD_SLOT`, write
-nothing) and then attends, per request, over the slots its block table names up to its KV length.
-A batch without ``kv`` (the runner's dummy capture batch) runs plain causal attention and leaves the
-cache alone. ``kv_cache.writes`` counts cache writes: one per layer per forward.
-"""
+Writes go to ``batch.kv.slot_mapping`` (:data:`~harness.batch.PAD_SLOT` writes nothing), reads follow
+each request's block table up to its KV length; a batch without ``kv`` runs plain causal attention.
+``model.kv_cache.writes`` counts cache writes (one per layer per forward)."""
 
 from __future__ import annotations
 

@@ -1,28 +1,7 @@
-"""Tensor-parallel versions of the engine zoo's dense and MoE models, sharded over a process group.
+"""Tensor-parallel versions of the engine zoo's dense and MoE models (:func:`shard_model`).
 
-:func:`shard_model` takes a zoo :class:`~harness.models.engine.CausalLM` (every rank builds the
-same one from the same seed) and returns this rank's shard, Megatron-style:
-
-* vocabulary-parallel embedding: each rank holds a contiguous range of the vocabulary, embeds the
-  tokens in its range (zeros elsewhere), and an all-reduce sums the ranks' rows;
-* attention: the fused QKV projection is column-parallel by heads (each rank runs its heads), the
-  output projection row-parallel, then an all-reduce;
-* MLP: gate and up projections column-parallel, down projection row-parallel, then an all-reduce;
-  MoE: the router replicated, every expert's MLP sharded the same way, the compiled ``out=``
-  combine on the partial outputs, one all-reduce after it;
-* norms and rotary embeddings replicated; the LM head vocabulary-parallel, its logit shards
-  all-gathered in the logits processor (after the layer stack, so outside any captured graph).
-
-``collectives="graph"`` calls the all-reduces inline, so a capture records them inside its
-segments; ``collectives="break"`` makes each one an eager break (:func:`harness.distributed.all_reduce_as_break`).
-
-Equality with the unsharded model (the oracle of :func:`shard_model`): the embedding (a sum of one
-row and zeros), the attention core (per head) and the gathered logits (each logit one dot product
-over the full hidden size) are order-preserving; every row-parallel linear splits its reduction over
-the input features into one partial sum per rank, added by the all-reduce, which is another
-summation order than the unsharded GEMM's. So TP=N equals TP=1 within the tolerance table, not
-bitwise; ranks agree with each other bitwise (an all-reduce hands every rank the same sum).
-"""
+Megatron-style sharding, ``collectives="graph"`` or ``"break"``, and why TP=N equals TP=1 within the
+tolerance table but not bitwise: ``docs/runner.md`` (Tensor parallelism)."""
 
 from __future__ import annotations
 

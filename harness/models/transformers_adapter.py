@@ -1,25 +1,8 @@
-"""An engine-style adapter for transformers causal LMs and VLMs: packed requests, the LM head eager.
+"""An engine-style adapter for transformers causal LMs and VLMs (:class:`TransformersAdapter`).
 
-:class:`TransformersAdapter` wraps a transformers model so it takes what zoo models take,
-``forward(input_ids, positions, batch)`` on the packed tokens of several requests, and returns a
-:class:`~harness.models.engine.LogitsOutput`. The runner then captures the transformers model's
-own layer stack (discovery looks below the adapter, at :attr:`wrapped_model_path`), and the
-transformers outer forward (embedding glue, LM head, logit soft-capping) runs eagerly around it.
-
-Two layouts:
-
-* ``packed``: all tokens in one row with per-request positions and a block-diagonal causal mask
-  (an additive 4D mask, built eagerly from the live batch, so it is a static input of the graph;
-  each padding token attends to itself only).
-* ``grid``: for architectures whose recurrent state would flow from one request into the next
-  (state-space and linear-attention layers) or that build their own mask (ALiBi): one row per
-  request, right-padded, ``rows`` rows of ``T`` columns for a bucket of ``T`` tokens, so every
-  batch of a bucket has the same shapes. With right padding, causal attention and a forward
-  recurrence never let a real token see padding, so the mask is plain causal, ``[1, 1, T, T]``,
-  and positions are the default: a 2D padding mask or explicit positions make transformers test
-  ``torch.all(mask == 1)`` or look for packed sequences on the host, which no graph can capture.
-  ``grid-unmasked`` passes no mask, for models that build their own from a 2D one (ALiBi).
-"""
+It takes the zoo's ``forward(input_ids, positions, batch)`` and returns a ``LogitsOutput``; the runner
+captures the wrapped model's own layer stack. Its layouts (``packed``, ``grid``, ``grid-unmasked``) are
+described in ``docs/runner.md`` (Real architectures)."""
 
 from __future__ import annotations
 

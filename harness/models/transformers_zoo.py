@@ -1,17 +1,8 @@
-"""The transformers zoo: tiny, seeded, randomly initialised models of real architectures.
+"""The transformers zoo: tiny, seeded, randomly initialised models of real architectures, built offline.
 
-Every model is built offline from a config object (no hub access anywhere): a few layers, a
-hidden size of 32, a vocabulary of 160 (never equal to the hidden size, so an output's last
-dimension tells logits from hidden states). ``build_architecture(name, seed=...)`` returns the
-model in eval mode, or raises :class:`ArchitectureUnavailable` with the reason when the installed
-transformers lacks the architecture. A config that rejects an argument is handled here: only the
-arguments a config declares are passed to it.
-
-Families: ``dense`` causal LMs (``model.layers``), ``gpt-style`` older layouts (``transformer.h``,
-``gpt_neox.layers``, ``model.decoder.layers``, ...), ``moe``, ``hybrid`` (attention with
-state-space or linear-attention layers) and ``vlm`` (vision-language models in their transformers
-5.x layout, the text stack at ``model.language_model``).
-"""
+``build_architecture(name, seed=...)`` returns the model in eval mode, or raises
+:class:`ArchitectureUnavailable` when the installed transformers lacks it. Hidden size 32, vocabulary 160
+(never equal, so an output's last dimension tells logits from hidden states)."""
 
 from __future__ import annotations
 
@@ -95,8 +86,8 @@ _MOE = dict(num_local_experts=4, num_experts=4, n_routed_experts=4, num_experts_
             shared_expert_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=0, decoder_sparse_step=1,
             moe_k=2, moe_num_experts=4, moe_num_shared_experts=0, num_experts_per_token=2, top_k=2)
 _VISION = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2, image_size=16,
-               patch_size=8, projection_dim=16, num_channels=3, embed_dim=16, depth=2, num_heads=2, out_hidden_size=HIDDEN_SIZE,
-               vision_output_dim=16, initializer_range=0.05)
+               patch_size=8, projection_dim=16, num_channels=3, embed_dim=16, depth=2, num_heads=2,
+               out_hidden_size=HIDDEN_SIZE, vision_output_dim=16, initializer_range=0.05)
 
 
 def _a(name: str, family: str, model_class: str, config_class: str, *, layout: str = "packed",
@@ -146,15 +137,16 @@ ARCHITECTURES: tuple[Architecture, ...] = (
     _a("olmoe", "moe", "OlmoeForCausalLM", "OlmoeConfig", **_MOE),
     _a("granite-moe", "moe", "GraniteMoeForCausalLM", "GraniteMoeConfig", **_MOE),
     _a("phimoe", "moe", "PhimoeForCausalLM", "PhimoeConfig", sliding_window=None, **_MOE),
-    _a("dbrx", "moe", "DbrxForCausalLM", "DbrxConfig", ffn_config=dict(ffn_hidden_size=32, moe_num_experts=4, moe_top_k=2),
-       attn_config=dict(kv_n_heads=2), **_MOE),
+    _a("dbrx", "moe", "DbrxForCausalLM", "DbrxConfig",
+       ffn_config=dict(ffn_hidden_size=32, moe_num_experts=4, moe_top_k=2), attn_config=dict(kv_n_heads=2), **_MOE),
     _a("jetmoe", "moe", "JetMoeForCausalLM", "JetMoeConfig", kv_channels=8, **_MOE),
     _a("gpt-oss", "moe", "GptOssForCausalLM", "GptOssConfig", sliding_window=256, **_MOE),
     _a("ernie4.5-moe", "moe", "Ernie4_5_MoeForCausalLM", "Ernie4_5_MoeConfig", **_MOE),
     _a("glm4-moe", "moe", "Glm4MoeForCausalLM", "Glm4MoeConfig", n_group=1, topk_group=1, **_MOE),
     # hybrids: attention with state-space or linear-attention layers (a recurrent state: not packable)
     _a("jamba", "hybrid", "JambaForCausalLM", "JambaConfig", layout="grid", attn_layer_period=2, attn_layer_offset=1,
-       expert_layer_period=2, expert_layer_offset=1, mamba_d_state=4, mamba_d_conv=4, mamba_expand=2, mamba_dt_rank=4, **_MOE),
+       expert_layer_period=2, expert_layer_offset=1, mamba_d_state=4, mamba_d_conv=4, mamba_expand=2, mamba_dt_rank=4,
+       **_MOE),
     _a("bamba", "hybrid", "BambaForCausalLM", "BambaConfig", layout="grid", attn_layer_indices=[1], mamba_n_heads=4,
        mamba_d_head=16, mamba_n_groups=1, mamba_d_state=8, mamba_chunk_size=16, mamba_expand=2),
     _a("falcon-h1", "hybrid", "FalconH1ForCausalLM", "FalconH1Config", layout="grid", mamba_n_heads=4, mamba_d_head=16,
@@ -175,9 +167,11 @@ ARCHITECTURES: tuple[Architecture, ...] = (
     _a("mistral3", "vlm", "Mistral3ForConditionalGeneration", "Mistral3Config", vision=dict(model_type="pixtral"),
        text=dict(model_type="mistral", sliding_window=None)),
     _a("qwen2-vl", "vlm", "Qwen2VLForConditionalGeneration", "Qwen2VLConfig", vision=dict(),
-       text=dict(model_type="qwen2_vl_text", rope_parameters=dict(rope_type="default", rope_theta=10000.0, mrope_section=[1, 1, 2]))),
+       text=dict(model_type="qwen2_vl_text",
+                 rope_parameters=dict(rope_type="default", rope_theta=10000.0, mrope_section=[1, 1, 2]))),
     _a("qwen2.5-vl", "vlm", "Qwen2_5_VLForConditionalGeneration", "Qwen2_5_VLConfig", vision=dict(),
-       text=dict(model_type="qwen2_5_vl_text", rope_parameters=dict(rope_type="default", rope_theta=10000.0, mrope_section=[1, 1, 2]))),
+       text=dict(model_type="qwen2_5_vl_text",
+                 rope_parameters=dict(rope_type="default", rope_theta=10000.0, mrope_section=[1, 1, 2]))),
     _a("qwen3-vl", "vlm", "Qwen3VLForConditionalGeneration", "Qwen3VLConfig", vision=dict(deepstack_visual_indexes=[0]),
        text=dict(model_type="qwen3_vl_text", rope_scaling=dict(rope_type="default", mrope_section=[1, 1, 2]))),
     _a("gemma3", "vlm", "Gemma3ForConditionalGeneration", "Gemma3Config", vision=dict(model_type="siglip_vision_model"),
@@ -186,10 +180,10 @@ ARCHITECTURES: tuple[Architecture, ...] = (
        vision=dict(model_type="siglip_vision_model"), text=dict(model_type="gemma")),
     _a("aya-vision", "vlm", "AyaVisionForConditionalGeneration", "AyaVisionConfig",
        vision=dict(model_type="siglip_vision_model"), text=dict(model_type="cohere2", sliding_window=256)),
-    _a("internvl", "vlm", "InternVLForConditionalGeneration", "InternVLConfig", vision=dict(model_type="internvl_vision"),
-       text=dict(model_type="qwen2")),
-    _a("idefics3", "vlm", "Idefics3ForConditionalGeneration", "Idefics3Config", vision=dict(model_type="idefics3_vision"),
-       text=dict(model_type="llama")),
+    _a("internvl", "vlm", "InternVLForConditionalGeneration", "InternVLConfig",
+       vision=dict(model_type="internvl_vision"), text=dict(model_type="qwen2")),
+    _a("idefics3", "vlm", "Idefics3ForConditionalGeneration", "Idefics3Config",
+       vision=dict(model_type="idefics3_vision"), text=dict(model_type="llama")),
 )
 
 _BY_NAME = {arch.name: arch for arch in ARCHITECTURES}
@@ -298,7 +292,8 @@ def build_architecture(name: str, *, seed: int = 0, dtype: torch.dtype = torch.f
         sub = getattr(config, key, None)
         if sub is not None:
             sub._attn_implementation = "eager"
-    chosen_experts = _set_experts_implementation(model_class, config, experts) if arch.family in ("moe", "hybrid") else None
+    chosen_experts = (_set_experts_implementation(model_class, config, experts)
+                      if arch.family in ("moe", "hybrid") else None)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         try:

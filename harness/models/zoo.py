@@ -1,11 +1,7 @@
 """The engine-style model zoo: tiny, deterministic models built from code, never downloaded.
 
-``build_model(name, seed=..., dtype=..., device=...)`` returns a model whose
-``forward(input_ids, positions, batch)`` runs the packed tokens of a batch and returns a
-:class:`~harness.models.engine.LogitsOutput`. Weights depend only on ``seed`` (drawn on the CPU
-in float32 with a ``torch.Generator``, then cast and moved), so every device and dtype starts from
-the same numbers.
-"""
+``build_model(name, seed=..., dtype=..., device=...)``; weights depend only on ``seed`` (drawn on the CPU
+in float32, then cast and moved), so every device and dtype starts from the same numbers."""
 
 from __future__ import annotations
 

@@ -1,21 +1,8 @@
-"""Known-bad implementations. Each reproduces one real bug class; the suites must kill every one.
+"""Known-bad implementations: :class:`MutantSet`, the one way every component declares its mutants.
 
-One way to write a mutant, in every component's mutant module::
-
-    MUTANTS = MutantSet("runner")
-
-    @MUTANTS.add("forget-restore", bug="never puts layer_model.forward back")
-    class ForgetsToRestoreForward(LayerStackRunner):
-        ...
-
-A mutant is built only from the public, documented seams of the reference it breaks (the
-reference's docstrings say which methods and attributes are safe to override), so that a
-refactoring of the reference's insides cannot silently turn a mutant into the reference.
-
-A mutant whose bug only one graph backend can show (warm-up and memory pools exist on CUDA alone)
-declares the backends it is judged on: ``@MUTANTS.add(name, bug=..., backends={"cuda"})``; the
-selfcheck skips it elsewhere and says so.
-"""
+A mutant reproduces one real bug class and is built only from the reference's documented seams;
+``backends={"cuda"}`` restricts it to the backends that can show its bug. The README's Mutants section
+has the idiom."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Mutants of the ``gather`` component: each reproduces one bug class a hand-written or compiled
-gather kernel has had. The suites in ``suites/gather`` must kill every one."""
+"""Mutants of the ``gather`` component: bug classes hand-written or compiled gather kernels have had.
+
+``suites/gather`` must kill every one."""
 
 from __future__ import annotations
 
@@ -145,8 +146,9 @@ def reuses_output_buffers(indices, *buffers) -> GatherOutputs:
 _static_shapes_gather = torch.compile(eager_gather, dynamic=False)
 
 
-@MUTANTS.add("static-shapes", bug="compiled with dynamic=False: each new index count is a recompile, so an engine's "
-             "decode stream reaches dynamo's recompile limit within a few steps and from then on runs eagerly, silently")
+@MUTANTS.add("static-shapes",
+             bug="compiled with dynamic=False: each new index count is a recompile, so an engine's decode stream "
+                 "reaches dynamo's recompile limit within a few steps and from then on runs eagerly, silently")
 def static_shapes(indices, *buffers) -> GatherOutputs:
     return _static_shapes_gather(indices, *buffers)
 

@@ -1,8 +1,6 @@
-"""Mutants of the ``graphs`` component: each reproduces one bug class seen in graph runners.
+"""Mutants of the ``graphs`` component: bug classes seen in graph runners.
 
-Every mutant is a :class:`~harness.graphs.GraphCapturer` subclass that changes one behaviour
-through the seams the reference exposes (``session_class``, ``graph_class``, ``capture``).
-"""
+Each is a :class:`~harness.graphs.GraphCapturer` subclass changing one behaviour through its public seams."""
 
 from __future__ import annotations
 
@@ -56,7 +54,8 @@ class _NoWritebackGraph(BreakableGraph):
         step.fn(*step.args, **step.kwargs)
 
 
-@MUTANTS.add("no-writeback", bug="break outputs are recomputed at replay but not written back into the captured buffers")
+@MUTANTS.add("no-writeback",
+             bug="break outputs are recomputed at replay but not written back into the captured buffers")
 class NoWriteback(GraphCapturer):
     graph_class = _NoWritebackGraph
 
@@ -445,9 +444,10 @@ class _RawMemoryGraph(BreakableGraph):
         step.output = write_back(step.output, step.fn(*step.args, **step.kwargs), copy_tensor=_copy_raw_memory)
 
 
-@MUTANTS.add("writeback-copies-raw-memory", bug="write-back copies a break's new tensor as raw memory from the captured "
-         "view's first address instead of element by element through its strides: right for dense tensors, "
-         "scrambles column slices of a fused buffer and transposed views")
+@MUTANTS.add("writeback-copies-raw-memory",
+             bug="write-back copies a break's new tensor as raw memory from the captured view's first address instead "
+                 "of element by element through its strides: right for dense tensors, scrambles column slices of a "
+                 "fused buffer and transposed views")
 class WritebackCopiesRawMemory(GraphCapturer):
     graph_class = _RawMemoryGraph
 

@@ -1,9 +1,6 @@
-"""Mutants of the ``runner`` component: each is the reference runner with one real bug.
+"""Mutants of the ``runner`` component: the reference runner with one real bug each.
 
-Each overrides exactly one seam of :class:`~harness.runner.LayerStackRunner`, so the suites see
-the reference everywhere else. ``python -m harness selfcheck --component runner`` requires every
-one to fail ``pytest suites/runner``.
-"""
+Each overrides one seam of :class:`~harness.runner.LayerStackRunner`; ``suites/runner`` must kill every one."""
 
 from __future__ import annotations
 
@@ -36,7 +33,8 @@ class ForgetsToRestoreForward(LayerStackRunner):
         yield
 
 
-@MUTANTS.add("restore-on-success-only", bug="restores the forward without try/finally: an exception leaves the model patched")
+@MUTANTS.add("restore-on-success-only",
+             bug="restores the forward without try/finally: an exception leaves the model patched")
 class RestoresOnlyOnSuccess(LayerStackRunner):
     @contextlib.contextmanager
     def patched_forward(self, replacement: Callable[..., Any]) -> Iterator[None]:
@@ -49,7 +47,8 @@ class RestoresOnlyOnSuccess(LayerStackRunner):
             self.layer_model.forward = original
 
 
-@MUTANTS.add("restore-on-exception-only", bug="restores on Exception but not BaseException (KeyboardInterrupt leaves the patch)")
+@MUTANTS.add("restore-on-exception-only",
+             bug="restores on Exception but not BaseException (KeyboardInterrupt leaves the patch)")
 class RestoresOnlyOnException(LayerStackRunner):
     @contextlib.contextmanager
     def patched_forward(self, replacement: Callable[..., Any]) -> Iterator[None]:
@@ -77,15 +76,17 @@ class NoGradModeSwitch(LayerStackRunner):
         return contextlib.nullcontext()
 
 
-@MUTANTS.add("whole-model-capture", bug="captures the whole model (logits inside the graph) and still accepts several requests")
+@MUTANTS.add("whole-model-capture",
+             bug="captures the whole model (logits inside the graph) and still accepts several requests")
 class CapturesWholeModel(LayerStackRunner):
     def discover(self, model: nn.Module) -> DiscoveryResult:
         # Logits processing inside the graph, yet not marked as a fallback: multi-request batches replay.
         return DiscoveryResult(model, "", False, "whole-model", ())
 
 
-@MUTANTS.add("bucket-off-by-one", bug="picks the bucket after the right one (bisect_right): exact-size batches waste a bucket "
-                    "and the largest bucket is never used")
+@MUTANTS.add("bucket-off-by-one",
+             bug="picks the bucket after the right one (bisect_right): exact-size batches waste a bucket and the "
+                 "largest bucket is never used")
 class BucketOffByOne(LayerStackRunner):
     def bucket_for(self, num_tokens: int) -> int:
         index = bisect.bisect_right(self.buckets, num_tokens)  # a batch exactly a bucket's size skips it
@@ -422,8 +423,9 @@ class _KeepsCapturedContainers(_KeepsCaptured):
     kept = staticmethod(lambda static: isinstance(static, (tuple, list, dict)))  # only top-level tensors are copied
 
 
-@MUTANTS.add("container-members-frozen", bug="copies the stack's tensor arguments but not tensors inside lists and "
-                    "dicts: per-layer DeepStack embeddings (or a VLM's mask per attention type) keep the capture's values")
+@MUTANTS.add("container-members-frozen",
+             bug="copies the stack's tensor arguments but not tensors inside lists and dicts: per-layer DeepStack "
+                 "embeddings (or a VLM's mask per attention type) keep the capture's values")
 class ContainerMembersFrozen(LayerStackRunner):
     static_inputs_class = _KeepsCapturedContainers
 
@@ -432,8 +434,9 @@ class _KeepsCapturedNones(_KeepsCaptured):
     kept = staticmethod(lambda static: static is None)  # "it was None at capture: nothing to copy"
 
 
-@MUTANTS.add("ignores-input-where-capture-saw-none", bug="skips an argument that was None at capture: a batch with image "
-                    "embeddings (input_embeds, None for the text-only dummy) replays the text embeddings silently")
+@MUTANTS.add("ignores-input-where-capture-saw-none",
+             bug="skips an argument that was None at capture: a batch with image embeddings (input_embeds, None for "
+                 "the text-only dummy) replays the text embeddings silently")
 class IgnoresInputWhereCaptureSawNone(LayerStackRunner):
     static_inputs_class = _KeepsCapturedNones
 
@@ -446,14 +449,16 @@ class _CopiesFromTheBatch(StaticInputs):
         super().load(args, kwargs, copy_batch=copy_batch)
 
 
-@MUTANTS.add("stack-inputs-from-the-batch", bug="fills the static token ids and positions from the batch, not from the "
-                    "arguments the outer model passed the stack: a model that shifts its positions (OPT) replays unshifted")
+@MUTANTS.add("stack-inputs-from-the-batch",
+             bug="fills the static token ids and positions from the batch, not from the arguments the outer model "
+                 "passed the stack: a model that shifts its positions (OPT) replays unshifted")
 class StackInputsFromTheBatch(LayerStackRunner):
     static_inputs_class = _CopiesFromTheBatch
 
 
-@MUTANTS.add("hands-out-logits-output-only", bug="copies the fields of a logits-output dataclass and bare tensors only: "
-                    "a model handing out a dict or tuple (EAGLE-3 auxiliary hidden states) gets the graph's static buffers")
+@MUTANTS.add("hands-out-logits-output-only",
+             bug="copies the fields of a logits-output dataclass and bare tensors only: a model handing out a dict or "
+                 "tuple (EAGLE-3 auxiliary hidden states) gets the graph's static buffers")
 class HandsOutLogitsOutputOnly(LayerStackRunner):
     def hand_out(self, output: Any) -> Any:
         if isinstance(output, torch.Tensor) or dataclasses.is_dataclass(output):
@@ -461,8 +466,9 @@ class HandsOutLogitsOutputOnly(LayerStackRunner):
         return output  # "models return LogitsOutput"
 
 
-@MUTANTS.add("original-forward-saved-once", bug="keeps the layer's original forward from its first patch (at capture) and "
-                    "restores that one ever after: a wrapper the user installs or removes later is undone by the next call")
+@MUTANTS.add("original-forward-saved-once",
+             bug="keeps the layer's original forward from its first patch (at capture) and restores that one ever "
+                 "after: a wrapper the user installs or removes later is undone by the next call")
 class OriginalForwardSavedOnce(LayerStackRunner):
     @contextlib.contextmanager
     def patched_forward(self, replacement: Callable[..., Any]) -> Iterator[None]:

@@ -1,10 +1,7 @@
-"""Mutants of the ``runner`` component under tensor parallelism (suites/runner/tensor_parallel).
+"""Mutants of the ``runner`` component that only a multi-rank run shows (``suites/runner/tensor_parallel``).
 
-Their own :class:`~harness.mutants.MutantSet`, which ``harness.mutants.runner`` includes in the
-runner's; each overrides one seam of :class:`~harness.runner.LayerStackRunner` that only a
-multi-rank run exercises (:meth:`~harness.runner.LayerStackRunner.group_rows`,
-:meth:`~harness.runner.LayerStackRunner.collectives`), so on one rank every one is the reference.
-"""
+Their own :class:`~harness.mutants.MutantSet`, included in the runner's; each overrides ``group_rows`` or
+``collectives``, so on one rank every one is the reference."""
 
 from __future__ import annotations
 
@@ -34,9 +31,9 @@ class AgreesOnlyWhenPadding(LayerStackRunner):
         return super().group_rows(batch)
 
 
-@MUTANTS.add("bucket-from-local-batch", bug="picks the bucket from its own rank's batch, not the group's largest: ranks "
-                    "whose batches arrive differently padded replay graphs of different sizes, whose collectives "
-                    "cannot meet")
+@MUTANTS.add("bucket-from-local-batch",
+             bug="picks the bucket from its own rank's batch, not the group's largest: ranks whose batches arrive "
+                 "differently padded replay graphs of different sizes, whose collectives cannot meet")
 class BucketFromLocalBatch(LayerStackRunner):
     def group_rows(self, batch: ForwardBatch) -> int:
         return self.rows(batch)

@@ -1,10 +1,7 @@
-"""The harness's pytest plugin (the ``pytest11`` entry point ``harness.plugin``): options, fixtures, the run report.
+"""The harness's pytest plugin (the ``pytest11`` entry point): options, fixtures, the run report.
 
-Loaded by every pytest of an environment where the harness is installed. It declares its options and markers
-everywhere and acts only in a run that activates it (:mod:`harness.plugin.session`); until then it has imported
-neither torch, nor hypothesis, nor the models. ``collect_suite`` is the seam for running a suite inside an
-engine's own test tree.
-"""
+It acts only in a run that activates it (:mod:`harness.plugin.session`) and imports no torch before.
+Safe to use: the fixtures and :func:`collect_suite`, for running a suite inside an engine's test tree."""
 
 from __future__ import annotations
 

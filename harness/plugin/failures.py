@@ -1,4 +1,4 @@
-"""What a failed test's report adds: the command that reproduces it from any directory, and how to update a golden."""
+"""What a failed test's report adds: the command that reproduces it, and how to update a golden."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The implementation under test of each component, and the one session fixture per component that yields it."""
+"""The implementation under test of each component, and its one session fixture per component."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""The harness's pytest options. Giving any of them activates the harness in a run.
+"""The harness's pytest options; giving any of them activates the harness in a run.
 
-Declaring them imports neither torch nor hypothesis: the choices come from :mod:`harness.devices`.
-"""
+Declaring them imports neither torch nor hypothesis (the choices come from :mod:`harness.devices`)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """The harness's hypothesis profiles, ``--reproduce-failure``, and per-test example caps.
 
-``dev`` (the local default), ``ci`` (under a CI, and the kill matrix's) and ``nightly``; README.md says what each
-is for. Imported when the harness activates, not when the plugin loads.
-"""
+:data:`HYPOTHESIS_PROFILES`: ``dev`` (local default), ``ci`` (under CI, and the kill matrix's) and
+``nightly``; README.md says what each runs. Imported when the harness activates."""
 
 from __future__ import annotations
 
@@ -32,7 +31,7 @@ def _profiles() -> dict[str, settings]:
     # ci and the kill matrix report the first failing example as found: shrinking re-runs a captured model per
     # step, and the kill matrix needs only "some test fails". dev and nightly shrink.
     no_shrinking = [Phase.explicit, Phase.reuse, Phase.generate]
-    # dev is the local loop, where most new examples are a new Inductor compile (CHANGELOG: its count).
+    # dev is the local loop, where most new examples are a new Inductor compile (README: a first run's time).
     return {
         "dev": settings(max_examples=5, **common),
         "ci": settings(max_examples=25, derandomize=True, database=None, phases=no_shrinking, **common),

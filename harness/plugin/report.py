@@ -1,21 +1,7 @@
 """The run report: what ran, what passed per component, how close results came to their tolerances.
 
-A pytest plugin, loaded by the harness's plugin (:mod:`harness.plugin`: ``pytest_plugins =
-["harness.plugin.report"]``). At
-the end of a run it prints, and with ``--harness-report PATH`` writes as JSON:
-
-- device, graph backend, torch and transformers versions, the implementations under test;
-- passed / failed / skipped / errors per component (the folder under ``suites/``);
-- the largest observed error per dtype against its tolerance (:mod:`harness.observations`);
-- replay and eager-fallback counters;
-- goldens whose bits moved within tolerance or lack this device class's digest, and orphaned
-  goldens (which fail the run; ``--snapshot-update`` deletes them).
-
-Under pytest-xdist each worker sends its tallies to the controller, which merges them. Nothing of it
-acts (no golden check, no summary, no file) in a run where the harness is not active
-(:mod:`harness.plugin.session`): an engine's own tests.
-:func:`format_markdown` renders a report (and a kill matrix) for a CI step summary.
-"""
+Printed at the end of an active run, written as JSON with ``--harness-report PATH``, merged across
+pytest-xdist workers; :func:`format_markdown` renders it (and a kill matrix) for a CI step summary."""
 
 from __future__ import annotations
 
@@ -355,7 +341,8 @@ def format_markdown(report: dict[str, Any] | None = None, kill_matrix: list[dict
     if kill_matrix is not None:
         out += ["", "### Kill matrix", "", "| component | implementation | verdict | seconds | first failing test |",
                 "| --- | --- | --- | --- | --- |"]
-        out += [f"| {o['component']} | {o['spec']} | {o['verdict']} | {o['seconds']:.1f} | `{o['first_failure'] or '-'}` |"
+        out += [f"| {o['component']} | {o['spec']} | {o['verdict']} | {o['seconds']:.1f} | "
+                f"`{o['first_failure'] or '-'}` |"
                 for o in kill_matrix]
     return "\n".join(out) + "\n"
 

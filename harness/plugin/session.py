@@ -1,9 +1,7 @@
-"""The harness's activation in a pytest run, and the :class:`HarnessSession` it leaves in ``config.stash``.
+"""The harness's activation in a pytest run, and the :class:`HarnessSession` in ``config.stash``.
 
-The plugin declares its options everywhere; everything else acts only in a run that :func:`activate` s it:
-one given a harness option or a path inside the suites (:func:`wanted_at_start`), or one that collects a suite
-or a test using a harness fixture. Torch and hypothesis load at activation, not before.
-"""
+:func:`activate` runs for a run given a harness option or a suite path (:func:`wanted_at_start`), or one
+that collects a suite or a harness fixture; torch and hypothesis load then, not before."""
 
 from __future__ import annotations
 

@@ -1,18 +1,8 @@
 """Pytest plugin: each test's time limit stops a hang, also inside a hypothesis test, and names the example.
 
-pytest-timeout decides each test's limit (the ``timeout`` ini value, ``--timeout``,
-``@pytest.mark.timeout``); this plugin replaces its timer through pytest-timeout's
-``pytest_timeout_set_timer`` hook with :func:`harness.timeouts.arm`, whose exception hypothesis does
-not catch (see :mod:`harness.timeouts` for why pytest-timeout's own signal did not stop a property
-test). The failure is one line: the test, its limit, the hypothesis example being run (the drawn
-arguments of a ``@given`` test, or the rule of a state machine and its arguments; not a shrunk
-example, which a hang never yields) and where it was stuck; the example's ``@reproduce_failure`` blob
-follows, which the failure's reproduce line turns into ``--reproduce-failure``.
-
-Where pytest-timeout's method is ``thread`` or there is no ``SIGALRM``, pytest-timeout's own timer runs;
-so it does in a run where the harness is not active (an engine's own tests: :mod:`harness.plugin.session`),
-unless this plugin is named on the command line (``-p harness.plugin.timeouts``).
-"""
+pytest-timeout still decides the limit; this plugin replaces its timer (``pytest_timeout_set_timer``)
+with :func:`harness.timeouts.arm` where ``SIGALRM`` is available and the harness is active (or
+``-p harness.plugin.timeouts`` is given). README.md (Options) says what a timed-out test reports."""
 
 from __future__ import annotations
 
@@ -107,7 +97,10 @@ def _example_blob() -> bytes | None:
 
 
 def describe_hang(item: pytest.Item, seconds: float, frame: FrameType | None) -> str:
-    """The message of a test that ran past its limit (see the module docstring)."""
+    """The message of a test that ran past its limit, one line: the test, its limit, the hypothesis example
+    being run (a ``@given`` test's drawn arguments, or a state machine's rule and arguments; never a shrunk
+    example, which a hang does not yield) and where it was stuck; then the example's ``@reproduce_failure``
+    blob, which the failure's reproduce line turns into ``--reproduce-failure``."""
     import hypothesis
 
     example = running_example(item, frame)

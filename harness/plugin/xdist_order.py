@@ -1,26 +1,6 @@
-"""The order of a collection for pytest-xdist: long tests first, and tests that share a costly process-wide
-resource together on one worker.
+"""The order of a collection for pytest-xdist: ``long_running`` tests first, ``same_worker`` groups together.
 
-pytest-xdist's ``load`` and ``worksteal`` schedulers hand each worker a contiguous share of the collection
-first (``worksteal`` later moves tests from the tail of a busy worker's queue to an idle one). So a test at
-the head of a share starts at once on its own worker, and tests placed together there run on that worker,
-in order. Two markers say what goes there:
-
-- ``long_running``: one test takes tens of seconds (a whole suite, a benchmark, a chain of child
-  processes). Each starts first, at the head of its own share, so a run ends with short tests on every
-  worker instead of waiting for one long test started last.
-- ``same_worker(NAME)``: the tests of group NAME share a resource that every process builds once and
-  that costs seconds (a pool of rank processes, each importing torch). They stay together at the head of
-  one share, so one worker builds it, instead of every worker that a scheduler happens to give one.
-
-Every worker collects, and must order, the same items: the order depends only on the collection and the
-worker count. Without xdist (one worker) the marked tests simply run first. A collection with neither
-marker is left exactly as it was. A run that stops at its first failure (``-x``, ``--maxfail``, as the
-kill matrix runs a mutant) runs the marked tests last instead: there the time to that failure counts.
-Long tests first delayed it (the kill matrix here took 274 s instead of 94 s, one gather mutant 74 s
-instead of 4 s), and so did the rank-pool tests where they came first in collection order (on the H200
-they killed ten runner mutants in 15 to 27 s each, each run starting its own pool of ranks).
-"""
+:func:`order_for_workers` does it; ``docs/adding-a-component.md`` says when to use each marker."""
 
 from __future__ import annotations
 
@@ -65,8 +45,20 @@ def order_for_workers(config: pytest.Config, items: list[pytest.Item], *, worker
     """Reorder ``items`` in place: unit ``k`` (a ``long_running`` test, or a ``same_worker`` group in
     collection order) at the head of worker ``k mod workers``'s share, the other tests in their order
     around them. ``workers`` defaults to the run's pytest-xdist worker count (1 without xdist). Once per
-    run: a second call (the plugin's and a project's hook) leaves the order as the first made it. A run
-    that stops at its first failure runs the marked tests last, in collection order."""
+    run: a second call (the plugin's and a project's hook) leaves the order as the first made it.
+
+    Why the head of a share: pytest-xdist's ``load`` and ``worksteal`` schedulers hand each worker a
+    contiguous share of the collection first (``worksteal`` later moves tests from the tail of a busy
+    worker's queue to an idle one), so a test at the head of a share starts at once on its own worker,
+    and tests placed together there run on that worker, in order. A ``long_running`` test started last
+    would leave one worker running it after the others finished; a ``same_worker`` group shares a resource
+    every process builds once at a cost of seconds (a rank pool), so one worker builds it instead of several.
+    Every worker must order the same items, so the order depends only on the collection and the worker
+    count; a collection with neither marker is left exactly as it was.
+
+    A run that stops at its first failure (``-x``, ``--maxfail``, as the kill matrix runs a mutant) runs the
+    marked tests last, in collection order: there the time to that failure counts, and long tests, or
+    rank-pool tests that start a pool of ranks per run, placed first delayed it."""
     if config.stash.get(_ORDERED, False):
         return
     config.stash[_ORDERED] = True

@@ -1,9 +1,7 @@
-"""The layer-stack breakable-graph runner: batch description, module discovery, the reference runner.
+"""The layer-stack breakable-graph runner: batches, module discovery, the reference runner.
 
-The ``runner`` component's implementations are factories called as
-``factory(model, *, buckets, graphs, strict_discovery=False)`` returning a runner object; see
-``docs/runner.md`` for the interface the suites use.
-"""
+``runner`` implementations are factories ``factory(model, *, buckets, graphs, strict_discovery=False)``
+returning a runner; ``docs/runner.md`` gives the interface the suites use."""
 
 from __future__ import annotations
 

@@ -1,12 +1,7 @@
 """What a ``runner`` implementation must look like, checked when it is loaded (``--impl runner=...``).
 
-A candidate is a class or factory called as ``factory(model, *, buckets, graphs,
-strict_discovery=False)`` that returns a runner; ``docs/runner.md`` gives the runner interface.
-
-The check is the signature, then a smoke call: a one-layer dense zoo model on the CPU, the
-reference capturer on the emulated backend, one bucket, one ``run`` of a three-token request.
-Only the interface is checked, never the values (mutants are wrong on purpose and must load).
-"""
+The signature, then a smoke ``run`` on a one-layer zoo model with the emulated backend; only the
+interface is checked, never the values (mutants must load). ``docs/runner.md`` gives the interface."""
 
 from __future__ import annotations
 

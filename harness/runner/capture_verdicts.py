@@ -1,16 +1,8 @@
-"""Which transformers-zoo stacks capture, per backend and device class, and why the classes differ.
+"""Which transformers-zoo stacks capture, per verdict class, and why the classes differ.
 
-A capture verdict depends on where it is made: the emulated backend sees every op but not the kernel
-a model picks by device type, and CUDA refuses what its driver refuses. So the capture matrix
-(:func:`harness.runner.matrices.capture_row` over the zoo) is recorded once per *verdict class*
-(:func:`verdict_class`: ``cpu`` for the emulated backend on the CPU, ``cuda-sm90`` for CUDA graphs
-on an H200, ...) and experts implementation, as a golden of its own, and the stacks the harness
-rule cannot capture are listed here per class (:data:`UNCAPTURABLE`).
-
-Where the emulated and the CUDA verdicts differ, the difference is a recorded fact with its cause
-(:data:`DEVICE_DIFFERENCES`); ``suites/runner/architectures`` fails on a difference that is not
-listed, and on a listed one that no longer holds.
-"""
+:func:`verdict_class` (``cpu``, ``cuda-sm90``, ...), :data:`UNCAPTURABLE` per class, and
+:data:`DEVICE_DIFFERENCES`: every emulated-versus-CUDA difference with its cause, which
+``suites/runner/architectures`` holds to (an unlisted difference fails, and so does a stale one)."""
 
 from __future__ import annotations
 

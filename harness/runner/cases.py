@@ -1,9 +1,7 @@
-"""Case builders of the runner suites: buckets, batches, the eager oracle and hypothesis strategies.
+"""Case builders of the runner suites: buckets, batches, hypothesis strategies and the eager oracle.
 
-The oracle is :func:`eager` (the same model run eagerly on the same batch, without autograd);
-:func:`eager_padded` is eager at the shapes a replay runs at, where the emulated backend is held
-bitwise (:func:`harness.compare.bitwise_expected`).
-"""
+:func:`eager` is the oracle (eager, no autograd); :func:`eager_padded` is eager at the replay's shapes,
+bitwise where :func:`harness.compare.bitwise_expected` says so."""
 
 from __future__ import annotations
 

@@ -1,12 +1,7 @@
 """Multi-step greedy decode over a paged KV cache, as an engine's scheduler drives it.
 
-A :class:`DecodePlan` lists requests (prompt tokens, how many tokens to generate, the step they
-join at). :class:`DecodeLoop` steps them through any ``forward(batch) -> LogitsOutput`` (a runner's
-``run``, or eager): at each step, requests that join send their whole prompt, running ones their
-last token; pages come from a free list (lowest first, so a finished request's pages are reused by
-the next one); the batch carries :class:`~harness.batch.PagedKV` metadata; each request's next
-token is the argmax of its logits; finished requests leave and free their pages.
-"""
+:class:`DecodePlan` lists requests; :class:`DecodeLoop` steps them through any ``forward(batch)`` (a
+runner's ``run``, or eager); ``docs/runner.md`` (Decode and speculative decoding) describes a step."""
 
 from __future__ import annotations
 

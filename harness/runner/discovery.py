@@ -1,17 +1,8 @@
 """Module discovery: which module's ``forward`` is the transformer layer stack to capture.
 
-A *rule* is a callable ``rule(model) -> DiscoveryResult``; its result says which module, by which
-dotted path from the model, whether the rule fell back (found no layer stack and chose a broader
-module) and whether it had to search the module tree. :func:`discover_layer_model` tries its rules
-in order and takes the first that found the stack at a known path; a searched result comes next
-and a fallback last, each with a :class:`DiscoveryWarning` (or a
-:class:`~harness.errors.DiscoveryError` in strict mode).
-
-Two rules ship: :func:`harness_rule` (the default) returns the module that owns the decoder-layer
-list and returns hidden states, never a vision or audio tower, on every architecture of the
-transformers zoo; :func:`sglang_rule` is SGLang's rule, unchanged, kept to compare against. A user
-passes their own rule (any callable) or a sequence of rules; :data:`RULES` names the shipped ones.
-"""
+A rule is any callable ``rule(model) -> DiscoveryResult``; :func:`discover_layer_model` tries rules in
+order. :data:`RULES` names the shipped ones (:func:`harness_rule`, the default; :func:`sglang_rule`,
+SGLang's, kept to compare). The README's Real architectures section describes them."""
 
 from __future__ import annotations
 
@@ -225,7 +216,8 @@ def discover_layer_model(model: nn.Module, *, rules: Sequence[DiscoveryRule] | D
     where = f"model.{chosen.path}" if chosen.path else "the model itself"
     message = (
         f"no transformer layer stack found in {type(model).__name__}: none of the paths {list(tried)} holds "
-        f"a decoder-layer list ({'/'.join(LAYER_LIST_NAMES)}) without an LM head; falling back to {where} ({type(chosen.module).__name__}). Its forward "
+        f"a decoder-layer list ({'/'.join(LAYER_LIST_NAMES)}) without an LM head; falling back to {where} "
+        f"({type(chosen.module).__name__}). Its forward "
         "holds batch-size dependent code, so only single-request batches can replay its graph."
     )
     if strict:

@@ -1,11 +1,7 @@
-"""Divergence localisation: where, layer by layer, a replay departs from eager execution.
+"""Divergence localisation: the first decoder layer where a replay departs from eager.
 
-The runner keeps each decoder layer's output as the graph computed it
-(:meth:`~harness.runner.LayerStackRunner.layer_outputs`); :func:`eager_layer_outputs` records the
-same outputs from an eager forward of the padded batch; :func:`localise` compares them and names
-the first layer beyond the tolerance, with the largest difference of every layer up to it. This
-tells a tolerance question (a slow drift) from a bug (one layer jumps).
-"""
+:func:`eager_layer_outputs` records eager per-layer outputs; :func:`localise` compares them with a
+runner's ``layer_outputs``, telling a slow drift (tolerance) from one layer's jump (a bug)."""
 
 from __future__ import annotations
 

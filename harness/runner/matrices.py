@@ -1,12 +1,7 @@
-"""The discovery and capture matrices of the transformers zoo: what each rule chooses, and whether
-the chosen stack captures and replays like eager. Plain data, stored as goldens by the suites.
+"""The discovery and capture matrices of the transformers zoo, plain data stored as goldens.
 
-``discovery_matrix()`` -> ``{architecture: {"family", "rules": {rule: row}}}``, a row being the
-path chosen, whether the rule fell back or searched, whether the module owns the layer list and
-what its forward returns (measured by running the model: ``hidden_states`` or ``logits``).
-``capture_row(name, graphs=...)`` -> per rule: whether its stack captures (or the ``CaptureError``
-naming the op) and whether replay matches eager, with the largest difference.
-"""
+:func:`discovery_matrix` (what each rule chooses) and :func:`capture_row` (whether the chosen stack
+captures and replays like eager)."""
 
 from __future__ import annotations
 
@@ -33,7 +28,8 @@ from harness.models.transformers_zoo import (
 from harness.runner.discovery import RULES, DiscoveryResult, DiscoveryRule, layer_list
 from harness.runner.runner import LayerStackRunner
 
-__all__ = ["forward_returns", "discovery_row", "discovery_matrix", "capture_row", "rule_below_adapter", "MATRIX_LENGTHS"]
+__all__ = ["forward_returns", "discovery_row", "discovery_matrix", "capture_row", "rule_below_adapter",
+           "MATRIX_LENGTHS"]
 
 MATRIX_LENGTHS = (3, 5, 2)  # the capture matrix's batch: three requests, so packing matters
 
@@ -129,7 +125,8 @@ def _capture_cell(adapter: TransformersAdapter, rule: DiscoveryRule, *, graphs: 
         message = str(error)
         site = message.partition(" Made at ")[2].split(" (")[0]
         return {**cell, "stop_kind": "CaptureError",
-                "stopped_by": (message.split(" cannot be captured")[0].splitlines()[0] + (f" at {site}" if site else ""))[:200]}
+                "stopped_by": (message.split(" cannot be captured")[0].splitlines()[0]
+                               + (f" at {site}" if site else ""))[:200]}
     except Exception as error:  # real HF code under capture: record what stopped it, keep the matrix going
         return {**cell, "stop_kind": type(error).__name__, "stopped_by": _first_line(error)}
     batch = ForwardBatch.from_lengths(list(MATRIX_LENGTHS), vocab_size=VOCAB_SIZE - 2, seed=seed, device=device)

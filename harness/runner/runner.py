@@ -1,36 +1,7 @@
-"""The reference layer-stack breakable-graph runner.
+"""The reference layer-stack breakable-graph runner (:class:`LayerStackRunner`).
 
-Capture: discovery picks the layer stack; for each bucket, largest first, a dummy single-request
-forward of the whole model records the arguments the stack is called with (the *probe*), those
-become the bucket's static inputs, and ``layer_model.forward`` alone is captured on them, under
-``torch.no_grad()``, into one shared pool.
-
-Replay: the live batch is padded to its bucket (the smallest that holds every row it carries: a
-batch that arrives already padded keeps its padding, and its outputs are cut to its real tokens); ``layer_model.forward`` is replaced by a closure
-that copies the live arguments into the static inputs, replays the graph and returns the captured
-hidden states; the outer model's forward runs eagerly around it with the live batch (so logits
-processing and anything else batch-size dependent stays out of the graph); the original forward is
-put back in ``finally``; outputs are sliced to the real token count and copied, so a later replay
-never overwrites what a caller holds.
-
-Per-layer recording: during capture, a forward hook on each decoder layer of the stack keeps an
-in-graph copy of the layer's output, so every replay refreshes them; :meth:`LayerStackRunner.layer_outputs`
-hands them out after a replay, for divergence localisation (:mod:`harness.runner.divergence`).
-
-Tensor parallelism: when the model exposes ``process_group`` (the sharded zoo models of
-:mod:`harness.models.tensor_parallel` do, as engines expose their TP group), every rank runs the
-runner on its shard and the ranks decide together: the rows a batch runs at are the largest of the
-ranks' rows (:meth:`group_rows`, one all-reduce), so every rank pads to the same bucket and the
-captured collectives meet the same shapes; a batch is replayed only if every rank can replay it
-(:meth:`all_ranks_agree`), otherwise every rank runs it eagerly, padded to the group's rows. Each
-decision is one collective that every rank makes, in the same order, whatever its local batch.
-
-Seams a subclass may override, one behaviour each: :meth:`discover`, :meth:`bucket_for`,
-:meth:`can_run`, :meth:`autograd_off`, :meth:`publish`, :meth:`patched_forward`, :meth:`pad`,
-:meth:`slice_output`, :meth:`hand_out`, :meth:`run_eagerly`, :meth:`record_layers`,
-:meth:`group_rows`, :meth:`all_ranks_agree`, :meth:`collectives`, and ``static_inputs_class``
-(:meth:`StaticInputs.load`); :attr:`in_replay` tells an override whether a replay is under way.
-"""
+How it captures and replays is in ``docs/runner.md``; the methods a subclass may override, one behaviour
+each, are listed there (The reference runner's seams) and in each method's docstring."""
 
 from __future__ import annotations
 
@@ -268,7 +239,8 @@ class LayerStackRunner:
         def hook_for(index: int) -> Callable[..., None]:
             def hook(module: nn.Module, args: Any, output: Any) -> None:
                 first = output if isinstance(output, torch.Tensor) else next(
-                    (item for item in (output if isinstance(output, (tuple, list)) else ()) if isinstance(item, torch.Tensor)),
+                    (item for item in (output if isinstance(output, (tuple, list)) else ())
+                     if isinstance(item, torch.Tensor)),
                     None)
                 if first is not None:
                     # The last call wins: on CUDA the warm-up runs first, the capture last.

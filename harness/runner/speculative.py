@@ -1,24 +1,7 @@
-"""The speculative-decode loop, as an engine's overlap scheduler runs it: the two optimisations together.
+"""The speculative-decode loop, as an engine's overlap scheduler runs it (:class:`SpeculativeLoop`).
 
-Each step of :class:`SpeculativeLoop`:
-
-1. requests that join send their prompt; running requests resolve their extras from the
-   FutureMap relay (:class:`~harness.gather.SpecExtrasRelay`, through whatever gather it was built
-   with): the top-k draft probabilities and token ids, the bonus token, the draft's hidden state;
-2. the :class:`DraftHead` proposes ``num_draft`` tokens: the first is the stashed top-1, each next
-   one comes from the draft head fed the previous token and its own hidden state (no hidden state
-   at all when the relay keeps none, ``hidden_states_buf=None``);
-3. the target model verifies ``[bonus, *drafts]`` of every request in one packed batch through
-   ``forward`` (a runner's ``run``, or eager) with ``all_logits`` and the loop's hidden mode, on a
-   paged KV cache (rejected drafts' cache slots are simply overwritten later, as in engines);
-4. greedy acceptance: drafts are kept while each equals the target's argmax before it; the
-   target's argmax after the last kept draft is the new bonus token;
-5. the draft head consumes the target hidden state (hidden mode ``full``: at the bonus token's
-   predecessor, i.e. the last accepted position; ``last``: the request's last verified token; ``none``:
-   no hidden state) and the bonus token, and the step's extras are stashed for the next step.
-
-Finished requests leave; their relay slot and KV pages go to the next request that joins.
-"""
+The relay and gather, a :class:`DraftHead`, a verify batch through the runner and greedy acceptance;
+``docs/runner.md`` (Decode and speculative decoding) describes a step."""
 
 from __future__ import annotations
 

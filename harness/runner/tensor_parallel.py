@@ -1,19 +1,8 @@
 """Tensor-parallel runner cases: what each rank of a :class:`~harness.distributed.rank_pool.RankPool` runs.
 
-A case names a setup (:class:`TPSetup`: zoo model, collective mode, implementations, backend,
-buckets) and batch compositions (:class:`Composition`): the same requests on every rank, each rank's
-batch arriving with its own trailing padding (as a data-parallel scheduler hands batches over). The
-step functions here run on every rank (module-level, so a pool pickles them by name); they build
-the full model from the seed, shard it over the group (:func:`harness.models.tensor_parallel.shard_model`),
-build the runner under test on the shard, run the batches and return, per batch, the runner's
-output, the oracles and the runner's counters, for the test process to compare.
-
-Oracles, all eager runs (:func:`harness.runner.cases.eager`): the same shard on the unpadded batch
-(every rank holds the same requests, so the collectives meet equal shapes); the same shard at the
-shapes the group runs at (the batch padded to the group's bucket, or to the group's rows when it runs
-eagerly), bitwise where :func:`harness.compare.bitwise_expected`; and the unsharded model (TP=1),
-within the tolerance table (a row-parallel reduction sums in another order).
-"""
+:class:`TPSetup` and :class:`Composition` describe a case; the module-level step functions build and
+shard the model, run the runner under test and return its outputs and the eager oracles for the test
+process to compare (``docs/runner.md``, Tensor parallelism)."""
 
 from __future__ import annotations
 

@@ -1,27 +1,8 @@
-"""The mutant kill matrix: every known-bad implementation must fail its component's suites.
+"""The mutant kill matrix (``python -m harness selfcheck``): every known-bad implementation must fail.
 
-Each run is a separate pytest process (``pytest suites/<component> --impl <component>=<spec> -x``):
-a mutant may corrupt global state or crash the interpreter, and must not take the check with it. A
-mutant's process is forked from a warm server that has imported the libraries every run needs
-(:mod:`harness.selfcheck.fork_server`; off with ``--no-fork-server`` or ``HARNESS_FORK_SERVER=0``), so it starts
-in a fraction of a second; where the server cannot serve, the run starts as a plain process and the
-matrix says so. The references run whole suites: together, as one pytest session spread over xdist
-workers where the cores allow (xdist balances every suite's tests over all of them), always started as
-a plain process.
-
-A mutant's run starts with the test that killed it last (the committed hint file
-:data:`HINTS_PATH`, rewritten after every selfcheck), then the rest of its suite, so a mutant dies
-in the first seconds; the reference always runs the whole suite. Each outcome records the seconds
-from the process start to its first failure, and the total.
-
-A mutant counts as killed only by a test that its reference passes in the same configuration
-(backend, device, hypothesis profile): where a component's reference fails its suite, the failing
-test proves nothing about the mutants, so they are "not judged", the matrix says so first, and the
-summary never reads "N/N killed".
-
-A mutant that declares the graph backends it is judged on (``MUTANTS.add(..., backends={"cuda"})``)
-is not run on another backend: its outcome is ``skipped`` and says on which backends it is judged.
-"""
+Each run is its own pytest process (mutants forked from :mod:`harness.selfcheck.fork_server`); the
+README's Mutants and the self-check section describes the matrix, the hints file :data:`HINTS_PATH` and
+when a mutant counts as killed, skipped or not judged."""
 
 from __future__ import annotations
 
@@ -44,9 +25,10 @@ from harness.devices import resolve, use_one_compile_worker
 from harness.selfcheck.fork_server import ForkServer, ForkServerUnavailable, lower_priority
 from harness.selfcheck.fork_server import available as fork_server_available
 
-__all__ = ["Outcome", "HINTS_PATH", "default_jobs", "run_one", "run_references", "run_selfcheck", "judge", "format_matrix", "write_json",
-           "read_hints", "read_slow_kills", "hinted_test", "write_hints", "child_environment", "fork_server_wanted", "TEST_SECONDS", "PROCESS_SECONDS",
-           "SLOW_KILL_SECONDS", "MUTANT_NICENESS"]
+__all__ = ["Outcome", "HINTS_PATH", "default_jobs", "run_one", "run_references", "run_selfcheck", "judge",
+           "format_matrix", "write_json", "read_hints", "read_slow_kills", "hinted_test", "write_hints",
+           "child_environment", "fork_server_wanted", "TEST_SECONDS", "PROCESS_SECONDS", "SLOW_KILL_SECONDS",
+           "MUTANT_NICENESS"]
 
 _FAILED_LINE = re.compile(r"^(?:FAILED|ERROR) (\S+)", re.MULTILINE)
 # Which test killed which mutant last, per graph backend; relative to the project root.
@@ -60,13 +42,11 @@ PROCESSES_PER_GPU = 8
 TEST_SECONDS = 300.0
 PROCESS_SECONDS = 1500.0
 # A mutant whose last kill took this long or longer is started before the others: started in registration
-# order, the six slow ones (rank-pool and child-process tests, 21 to 32 s each on the H200) began at 40 s
-# and ended the mutants' share of the matrix at 76 s.
+# order, the slow kills (rank-pool and child-process tests) began late and were the last runs to end.
 SLOW_KILL_SECONDS = 10.0
 # Where the references run beside the mutants' slots they are the matrix's longest run (a whole suite each),
-# and the mutants' processes slowed them: 20 processes on 16 cores, 82 s for the 45 s the same tests take
-# alone. The mutants' processes run at this lower CPU priority (a nice value added), so they take the cores
-# the references' session leaves idle.
+# and the mutants' processes, more than there are cores, slowed them. The mutants' processes run at this lower
+# CPU priority (a nice value added), so they take the cores the references' session leaves idle.
 MUTANT_NICENESS = 10
 
 
@@ -82,7 +62,8 @@ class Outcome:
     component: str
     spec: str
     kind: str
-    verdict: str  # passed / killed / survived / failed / error / not judged / timed out / skipped (not run on this backend)
+    # passed / killed / survived / failed / error / not judged / timed out / skipped (not run on this backend)
+    verdict: str
     first_failure: str
     seconds: float  # the whole process
     command: str
@@ -366,7 +347,7 @@ def run_selfcheck(*, components: list[str], graph_backend: str, device: str, job
     start_order = sorted(mutants, key=lambda impl: (impl.component, impl.name, backend) not in slow)
     cores = os.cpu_count() or 1
     # Where references are spread over xdist workers they run beside the mutants' slots, not in them:
-    # a reference holding a slot for its whole suite left the mutants one slot of four on the H200.
+    # a reference holding a slot for its whole suite would leave the mutants few slots on a GPU machine.
     beside = reference_workers() > 1
     processes = jobs + len(references) * reference_workers() if beside else jobs
     niceness = MUTANT_NICENESS if beside else 0

@@ -1,33 +1,7 @@
-"""A warm fork server for the kill matrix's mutant runs (:mod:`harness.selfcheck` is its one user).
+"""A warm fork server for the kill matrix's mutant runs (its one user is :mod:`harness.selfcheck`).
 
-A mutant's run is a pytest process whose start-up (importing torch, Dynamo and Inductor, transformers,
-hypothesis, syrupy, the harness) costs more than the test that kills it. The server is one helper process,
-started fresh, that imports those libraries once (:data:`PRELOAD`), then forks one child per request. A
-child starts its own session (so it is stopped with everything it started), reads nothing, writes its
-output to the request's files, takes the request's working directory and environment, runs
-``pytest.main(argv)`` and exits with pytest's status. The server never runs pytest itself and imports no
-test module of a suite (pytest imports those in each child, fresh); it enforces each child's time limit.
-
-It never initialises CUDA: a CUDA context does not survive a fork, and once a process has asked the
-driver anything, torch refuses CUDA in every child it forks. While it imports, torch answers "is there a
-GPU" from NVML, which does not reach the driver (``PYTORCH_NVML_BASED_CUDA_CHECK=1``, so Inductor's and
-cpp_extension's :func:`torch.cuda.is_available` at import time is harmless), and the calls that would
-reach the driver (:data:`_CUDA_CALLS`, NVML's fallback among them) raise instead, so a module that asks
-at import time is left for the children to import (the ready message names it and the line that
-asked). Before it reports ready it forks a probe that asks torch whether its forks are poisoned and, on
-a GPU machine, runs a kernel (a library may reach the driver by its own calls, past the guard); a fork
-that cannot use the GPU, or a Python thread left running by an import, makes it refuse to serve, and
-the caller starts plain processes instead.
-
-Protocol: JSON lines on two pipes (request and reply file descriptors given as arguments). The server
-first says ``{"ready": true, ...}`` or ``{"ready": false, "reason": ...}``; a request
-``{"id", "argv", "env", "cwd", "time_limit", "stdout", "stderr"}`` is answered ``{"id", "pid"}`` once
-forked and ``{"id", "exit", "timed_out"}`` once reaped (``exit`` as :attr:`subprocess.Popen.returncode`:
-negative for a signal). End of the request pipe stops the server and every child still running.
-
-This file runs as the server's main script (:func:`ForkServer` starts it by path, so the CUDA guard is in
-place before anything imports torch): at module level it imports the standard library only.
-"""
+:class:`ForkServer` starts this file as a script; :func:`serve` documents the protocol and why the
+server never initialises CUDA. At module level this file imports the standard library only."""
 
 from __future__ import annotations
 
@@ -173,7 +147,8 @@ def _plugin_modules() -> list[str]:
     plugins = [after for word, after in zip(words, words[1:]) if word == "-p"]
     plugins += [word[2:] for word in words if word.startswith("-p") and len(word) > 2]  # -pno:NAME
     blocked = {plugin.removeprefix("no:") for plugin in plugins if plugin.startswith("no:")}
-    return modules + [entry.value.split(":")[0] for entry in entry_points(group="pytest11") if entry.name not in blocked]
+    return modules + [entry.value.split(":")[0] for entry in entry_points(group="pytest11")
+                      if entry.name not in blocked]
 
 
 def _skip_reason(error: BaseException, guard: _CudaGuard) -> str:
@@ -226,9 +201,9 @@ def _fork_defect(gpus: int | None) -> str:
         try:
             if torch.cuda._is_in_bad_fork():
                 reason = "torch marks this process's forks as unable to use CUDA"
-            elif (gpus if gpus is not None else getattr(torch._C, "_cuda_getDeviceCount", lambda: 0)()) > 0:
-                if torch.ones(1, device="cuda").add_(1).item() != 2:
-                    reason = "a kernel in a forked child computed a wrong value"
+            elif ((gpus if gpus is not None else getattr(torch._C, "_cuda_getDeviceCount", lambda: 0)()) > 0
+                  and torch.ones(1, device="cuda").add_(1).item() != 2):
+                reason = "a kernel in a forked child computed a wrong value"
         except BaseException as error:  # noqa: BLE001 - the probe reports whatever stopped it
             reason = f"a forked child cannot use the GPU ({type(error).__name__}: {str(error)[:200]})"
         _write_all(write_end, reason.encode())
@@ -253,10 +228,8 @@ def _os_threads() -> list[str] | None:
         return None
     names = []
     for task in tasks:
-        try:
+        with contextlib.suppress(OSError):  # it ended meanwhile
             names.append(Path(f"/proc/self/task/{task}/comm").read_text().strip())
-        except OSError:  # it ended meanwhile
-            pass
     return names
 
 
@@ -307,10 +280,8 @@ def _child(request: dict[str, Any], request_fd: int, reply_fd: int) -> None:
         traceback.print_exc()
     finally:
         for stream in (sys.stdout, sys.stderr):
-            try:
+            with contextlib.suppress(BaseException):  # exiting regardless
                 stream.flush()
-            except BaseException:  # noqa: BLE001, S110 - exiting regardless
-                pass
         os._exit(code)
 
 
@@ -329,7 +300,32 @@ def _random_state_of_a_fresh_process() -> None:
 
 
 def serve(request_fd: int, reply_fd: int, preload: Sequence[str]) -> None:
-    """The server's main loop (see the module docstring); returns when the request pipe closes."""
+    """The server's main loop; returns when the request pipe closes.
+
+    A mutant's run is a pytest process whose start-up (torch, Dynamo and Inductor, transformers, hypothesis,
+    syrupy, the harness) costs more than the test that kills it. The server imports those once
+    (:data:`PRELOAD`), then forks one child per request. A child starts its own session (so it is stopped
+    with everything it started), reads nothing, writes its output to the request's files, takes the
+    request's working directory and environment, runs ``pytest.main(argv)`` and exits with pytest's
+    status. The server never runs pytest itself, imports no test module of a suite, and enforces each
+    child's time limit.
+
+    It never initialises CUDA: a CUDA context does not survive a fork, and once a process has asked the
+    driver anything, torch refuses CUDA in every child it forks. While it imports, torch answers "is there
+    a GPU" from NVML, which does not reach the driver (``PYTORCH_NVML_BASED_CUDA_CHECK=1``), and the calls
+    that would reach the driver (:data:`_CUDA_CALLS`, NVML's fallback among them) raise instead, so a module
+    that asks at import time is left for the children to import (the ready message names it and the line
+    that asked). Before it reports ready it forks a probe that asks torch whether its forks are poisoned
+    and, on a GPU machine, runs a kernel; a fork that cannot use the GPU, or a Python thread left running
+    by an import, makes it refuse to serve, and the caller starts plain processes instead.
+
+    Protocol: JSON lines on two pipes (``request_fd``, ``reply_fd``). The server first says
+    ``{"ready": true, ...}`` or ``{"ready": false, "reason": ...}``; a request ``{"id", "argv", "env",
+    "cwd", "time_limit", "stdout", "stderr"}`` is answered ``{"id", "pid"}`` once forked and ``{"id",
+    "exit", "timed_out"}`` once reaped (``exit`` as :attr:`subprocess.Popen.returncode`: negative for a
+    signal). End of the request pipe stops the server and every child still running. :class:`ForkServer`
+    starts this file by path, so the CUDA guard is in place before anything imports torch.
+    """
     started = time.perf_counter()
     if sys.path and sys.path[0] == "":  # as ``python -m pytest`` has it: the working directory, by its path
         sys.path[0] = os.getcwd()
@@ -341,10 +337,9 @@ def serve(request_fd: int, reply_fd: int, preload: Sequence[str]) -> None:
     try:
         skipped = _preload(preload, guard)
         if "torch" in sys.modules:
-            try:
-                gpus = sys.modules["torch"].cuda.device_count()  # NVML's count: the driver stays untouched
-            except _CudaAsked:  # NVML could not count; the probe child asks the driver itself
-                pass
+            # NVML's count: the driver stays untouched. Where NVML could not count, the probe child asks the driver.
+            with contextlib.suppress(_CudaAsked):
+                gpus = sys.modules["torch"].cuda.device_count()
     finally:
         guard.remove()
         if caller_nvml_check is None:
@@ -415,10 +410,8 @@ def serve(request_fd: int, reply_fd: int, preload: Sequence[str]) -> None:
 
 
 def _kill_group(pid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):  # already gone
         os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):  # already gone
-        pass
 
 
 # --- the client (runs in the selfcheck process) --------------------------------------------------------
@@ -444,7 +437,8 @@ class ForkServer:
                  niceness: int = 0) -> None:
         """``niceness``: added to the server's nice value, and so to every child it forks."""
         self.environment = dict(environment)
-        self._log = tempfile.TemporaryFile()
+        # Open for the server's whole life (its output, read when it fails to start); close() closes it.
+        self._log = tempfile.TemporaryFile()  # noqa: SIM115 - outlives this method, closed by close()
         request_read, self._request_write = os.pipe()
         self._reply_read, reply_write = os.pipe()
         boot = "import runpy, sys; sys.argv.pop(0); runpy.run_path(sys.argv[0], run_name='__main__')"

@@ -1,16 +1,7 @@
 """The kill matrix as a golden: did the committed killing test of each mutant change?
 
-``golden/selfcheck/kill_matrix.json`` (:data:`harness.selfcheck.HINTS_PATH`, written by
-:func:`harness.selfcheck.write_hints`) holds one entry per mutant and graph backend: component,
-mutant, backend, the test that killed it, and ``slow`` where that kill took
-:data:`harness.selfcheck.SLOW_KILL_SECONDS` or more (not compared here: it only orders the runs).
-Selfcheck rewrites it after every run, so a suite change that makes a mutant die by another test, or
-not at all, is a diff of that file;
-``selfcheck --check-kill-matrix`` also fails the run on such a change, before the file is rewritten,
-so CI notices without looking at the working tree:
-
-    python -m harness selfcheck --graph-backend emulated --check-kill-matrix
-"""
+Compares a run with ``golden/selfcheck/kill_matrix.json`` (:data:`harness.selfcheck.HINTS_PATH`) for
+``python -m harness selfcheck --check-kill-matrix``, before selfcheck rewrites the file."""
 
 from __future__ import annotations
 

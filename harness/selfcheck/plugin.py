@@ -1,13 +1,8 @@
-"""Pytest plugin loaded into each selfcheck child process (``-p harness.selfcheck.plugin``).
+"""Pytest plugin of each selfcheck child process (``-p harness.selfcheck.plugin``).
 
-It runs the tests named in ``HARNESS_RUN_FIRST`` (one node id a line: the test that killed this
-mutant last time) before the rest of the suite, and writes the first failure, with the seconds since
-the parent started the process, to the JSON file named by ``HARNESS_FIRST_FAILURE``. With
-``HARNESS_EXIT_ON_FIRST_FAILURE=1`` (mutant runs) the process then exits at once with status 1: the
-verdict is known, and teardown, the summary and the interpreter's shutdown cost seconds per mutant.
-With ``HARNESS_SLOWEST_TESTS`` (reference runs) it writes the run's slowest tests there at the end, as
-``[[node id, seconds of setup, call and teardown], ...]``: what bounds the matrix's longest run.
-"""
+Runs the tests named in ``HARNESS_RUN_FIRST`` first, writes the first failure to ``HARNESS_FIRST_FAILURE``,
+exits at once after it with ``HARNESS_EXIT_ON_FIRST_FAILURE=1`` (mutant runs), and writes the slowest
+tests to ``HARNESS_SLOWEST_TESTS`` (reference runs)."""
 
 from __future__ import annotations
 

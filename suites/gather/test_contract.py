@@ -48,7 +48,8 @@ def _dtype_groups() -> list[tuple[torch.dtype, ...]]:
     return [tuple(dtypes[(start + i) % len(dtypes)] for i in range(4)) for start in range(0, len(dtypes), 4)]
 
 
-@pytest.mark.parametrize("dtypes", _dtype_groups(), ids=lambda group: "-".join(str(d).removeprefix("torch.") for d in group))
+@pytest.mark.parametrize("dtypes", _dtype_groups(),
+                         ids=lambda group: "-".join(str(d).removeprefix("torch.") for d in group))
 def test_every_dtype(check_gather, dtypes):
     topk_p, topk_index, output_tokens, hidden = dtypes
     check_gather(GatherCase(pool=30, count=9, seed=4, topk_p=BufferSpec((4,), topk_p),

@@ -76,5 +76,6 @@ def test_decode_steps_match_the_eager_twin(zoo_runner, twin, exact_comparison, f
             picked = expected.logits.gather(1, torch.tensor(actual.tokens, device=device)[:, None]).flatten()
             best = expected.logits.max(dim=-1).values
             gap = best - picked
-            assert bool((gap <= tolerance.atol + tolerance.rtol * best.abs()).all()), f"step {step}: runner tokens are not eager near-argmax ({gap}): {context}"
+            assert bool((gap <= tolerance.atol + tolerance.rtol * best.abs()).all()), (
+                f"step {step}: runner tokens are not eager near-argmax ({gap}): {context}")
     assert ran.tokens == followed.tokens

@@ -86,7 +86,8 @@ def test_hooks_on_the_stack_and_its_layers_run_once_per_replay_as_eagerly(build_
         assert replay_device == eager_device.tolist(), (
             f"per replay the hooks' device work ran {replay_device} times (stack pre, stack post, then each layer's "
             f"pre and post), eagerly {eager_device.tolist()}: {context}")
-        assert_equivalent(actual, expected, exact=False, context={**context, "checking": "logits with the hooks' changes"})
+        assert_equivalent(actual, expected, exact=False, context={**context, "checking": "logits with the hooks' "
+                                                                                         "changes"})
 
 
 def test_every_bucket_records_and_localises_each_decoder_layer(zoo_runner, device, failure_context):
@@ -101,5 +102,6 @@ def test_every_bucket_records_and_localises_each_decoder_layer(zoo_runner, devic
         recorded = runner.layer_outputs(batch)
         context = failure_context(bucket=bucket, batch=batch.describe())
         assert len(recorded) == layer_count and all(tuple(t.shape[:1]) == (bucket,) for t in recorded), (
-            f"bucket {bucket} recorded {[tuple(t.shape) for t in recorded]} for {layer_count} decoder layers: {context}")
+            f"bucket {bucket} recorded {[tuple(t.shape) for t in recorded]} for {layer_count} decoder layers: "
+            f"{context}")
         assert len(report.max_abs_diff) == layer_count and report.first_divergent is None, f"{report}\n{context}"

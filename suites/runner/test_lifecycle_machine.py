@@ -7,8 +7,9 @@ from an eager break; ``run``/``replay`` called from inside a replay (from the at
 the outer bucket's size too; a second instance of the model class running eagerly inside a replay;
 between calls, an instance-level ``forward`` wrapper installed on the layer module or taken off it (as
 profilers and adapters do), and the weights updated in place (an RL weight sync, a LoRA swap). Each
-machine starts from a model whose layer module may already carry such a wrapper and a forward hook. Machines: a model whose discovery finds the stack, and one whose
-discovery fell back (its graph is the whole model).
+machine starts from a model whose layer module may already carry such a wrapper and a forward hook.
+Machines: a model whose discovery finds the stack, and one whose discovery fell back (its graph is the
+whole model).
 
 After every step: every output ever handed out still equals its eager value (each call's with the
 weights of its time); the layer module's instance and class ``__dict__`` are exactly what the user last

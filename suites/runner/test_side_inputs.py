@@ -22,7 +22,8 @@ def test_side_input_reaches_the_graph(zoo_runner, assert_matches_eager, device, 
                         side_scale=0.0)
     effect = describe_mismatch(eager(model, with_side).next_token_logits, eager(model, zeroed).next_token_logits,
                                exact=False)
-    assert effect is not None, "the side input does not change eager output beyond tolerance: this example proves nothing"
+    assert effect is not None, (
+        "the side input does not change eager output beyond tolerance: this example proves nothing")
     # Both orders: a replay must not keep the previous replay's side input either.
     for batch in (with_side, zeroed, with_side):
         assert_matches_eager(runner.run(batch), model, batch, dtype=dtype, name="side-input", seed=seed,

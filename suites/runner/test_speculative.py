@@ -96,11 +96,14 @@ def test_speculative_loop_matches_the_eager_twin(zoo_runner, twin, draft_head, g
                                   batch=actual.batch.describe(), requests=actual.request_ids, drafts=actual.drafts)
         assert (runner.stats.replays - replays, runner.stats.eager_fallbacks - fallbacks) == (1, 0), (
             f"step {step}: a verify batch must replay exactly once and never fall back; replays "
-            f"+{runner.stats.replays - replays}, eager fallbacks +{runner.stats.eager_fallbacks - fallbacks}: {context}")
+            f"+{runner.stats.replays - replays}, eager fallbacks +{runner.stats.eager_fallbacks - fallbacks}: "
+            f"{context}")
         assert (actual.request_ids, actual.drafts) == (expected.request_ids, expected.drafts), (
             f"step {step}: the loop sent requests {actual.request_ids} with drafts {actual.drafts}, the eager twin "
-            f"{expected.request_ids} with {expected.drafts} (drafts come from the relay the gather resolved): {context}")
-        assert torch.equal(actual.batch.input_ids, expected.batch.input_ids), f"step {step}: verify tokens differ: {context}"
+            f"{expected.request_ids} with {expected.drafts} (drafts come from the relay the gather resolved): "
+            f"{context}")
+        assert torch.equal(actual.batch.input_ids, expected.batch.input_ids), (
+            f"step {step}: verify tokens differ: {context}")
         assert_equivalent((actual.logits, actual.hidden_states), (expected.logits, expected.hidden_states),
                           exact=bitwise, context={**context, "compared": "target (logits, hidden states)"})
         assert_equivalent((model.kv_cache.keys, model.kv_cache.values), (twin.kv_cache.keys, twin.kv_cache.values),
@@ -115,16 +118,19 @@ def test_speculative_loop_matches_the_eager_twin(zoo_runner, twin, draft_head, g
             chosen = [t for targets in actual.targets for t in targets]
             _assert_near_argmax(chosen, expected.logits, context, f"step {step}: target choices")
             candidate, oracle = _relay_buffers(ran.relay), _relay_buffers(followed.relay)
-            assert torch.equal(candidate["output_tokens"], oracle["output_tokens"]), f"step {step}: bonus tokens: {context}"
-            assert_equivalent((candidate["topk_p"], candidate["hidden_states"]), (oracle["topk_p"], oracle["hidden_states"]),
-                              exact=False, context={**context, "compared": "relay (topk_p, hidden_states)"})
+            assert torch.equal(candidate["output_tokens"], oracle["output_tokens"]), (
+                f"step {step}: bonus tokens: {context}")
+            assert_equivalent((candidate["topk_p"], candidate["hidden_states"]),
+                              (oracle["topk_p"], oracle["hidden_states"]), exact=False,
+                              context={**context, "compared": "relay (topk_p, hidden_states)"})
             # Top-k ids may swap only between near-equal probabilities.
             swapped = candidate["topk_index"] != oracle["topk_index"]
             gap = (candidate["topk_p"] - oracle["topk_p"]).abs()[swapped]
             assert bool((gap <= TOLERANCES[torch.float32].atol * 10).all()), f"step {step}: top-k ids differ: {context}"
         assert ran.relay.pending_slots() == followed.relay.pending_slots(), f"step {step}: pending slots: {context}"
     assert ran.tokens == followed.tokens, f"token streams differ: {ran.tokens} vs {followed.tokens}"
-    assert ran.relay.pending_slots() == [], f"slots left stashed after every request finished: {ran.relay.pending_slots()}"
+    assert ran.relay.pending_slots() == [], (
+        f"slots left stashed after every request finished: {ran.relay.pending_slots()}")
 
 
 def test_the_draft_reads_the_hidden_states_it_is_given(twin, draft_head, device):

@@ -203,7 +203,8 @@ def test_every_argument_and_output_follows_the_live_call(argument_runners, exact
             seed = data.draw(st.integers(0, 2**16), label="seed")
             batch, as_captured = _call(data.draw, name, model, seed, device)
             bucket = select_bucket(batch.num_tokens, BUCKETS)
-            what = f"call {step}: {batch.describe()}" + (f", draft step {model.draft_step}" if name == "draft-step" else "")
+            what = (f"call {step}: {batch.describe()}"
+                    + (f", draft step {model.draft_step}" if name == "draft-step" else ""))
             context = failure_context(model=name, seed=seed, call=what)
             replays = runner.stats.replays
             try:

@@ -95,11 +95,14 @@ def test_replay_equals_eager(architecture_runner, architecture_buckets, exact_co
     try:
         if exact_comparison(torch.float32):
             assert_equivalent(actual, at_replay_shapes, exact=True, context=failure_context(
-                model=name, seed=seed, batch=batch.describe(), comparison="bitwise against eager at the replay's shapes"))
-        assert_equivalent(actual, unpadded if shape_invariant else at_replay_shapes, exact=False, context=failure_context(
-            model=name, seed=seed, batch=batch.describe(),
-            comparison="against eager on the batch itself" if shape_invariant else
-            "against eager at the replay's shapes (eager on the unpadded batch differs from it beyond the table)"))
+                model=name, seed=seed, batch=batch.describe(),
+                comparison="bitwise against eager at the replay's shapes"))
+        assert_equivalent(actual, unpadded if shape_invariant else at_replay_shapes, exact=False,
+                          context=failure_context(
+                              model=name, seed=seed, batch=batch.describe(),
+                              comparison="against eager on the batch itself" if shape_invariant else
+                              "against eager at the replay's shapes (eager on the unpadded batch differs from it "
+                              "beyond the table)"))
     except AssertionError as error:
         layers = localise(runner, adapter, batch) if hasattr(runner, "layer_outputs") else "no per-layer outputs"
         raise AssertionError(f"{error}\nper-layer divergence of {name}:\n{layers}") from None
@@ -128,7 +131,7 @@ def test_no_layer_diverges(architecture_runner, device, name):
 
 
 # The zoo is captured in shards, so that under pytest-xdist several workers capture at once (the whole zoo
-# on one worker was the suites' longest step on the H200: 33 s of 72).
+# on one worker was the suites' longest step on a GPU run).
 CAPTURE_SHARDS = 8
 
 

@@ -20,7 +20,8 @@ def test_zoo_has_enough_architectures(zoo_discovery_matrix):
 
 def test_harness_rule_picks_the_hidden_state_stack_everywhere(zoo_discovery_matrix):
     wrong = {name: row["rules"]["harness"] for name, row in zoo_discovery_matrix.items() if "rules" in row
-             and not (row["rules"]["harness"]["owns_layer_list"] and row["rules"]["harness"]["returns"] == "hidden_states"
+             and not (row["rules"]["harness"]["owns_layer_list"]
+                      and row["rules"]["harness"]["returns"] == "hidden_states"
                       and not row["rules"]["harness"]["fell_back"])}
     assert not wrong, f"the harness rule chose a module without the layer list or returning logits: {wrong}"
 

@@ -22,7 +22,7 @@ from harness.runner import tensor_parallel as tp_cases
 from harness.runner.tensor_parallel import Composition
 
 # Every process that runs one of these tests starts the session's pool of rank processes (seconds: each
-# rank imports torch; 12 s a pool on the H200 runner): one xdist worker runs them all, one pool.
+# rank imports torch): one xdist worker runs them all, one pool.
 pytestmark = pytest.mark.same_worker("rank-pool")
 
 # MoE first: the pool forks its ranks after the MoE combine is compiled here (see TensorParallelSession.setup).

@@ -9,7 +9,7 @@ import dataclasses
 import os
 import sys
 from collections.abc import MutableMapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from harness.errors import UsageError
 
@@ -99,7 +99,7 @@ def use_one_compile_worker(environment: MutableMapping[str, str]) -> None:
     if COMPILE_THREADS_VARIABLE in environment:
         return
     environment[COMPILE_THREADS_VARIABLE] = "1"
-    config = sys.modules.get("torch._inductor.config")
+    config: Any = sys.modules.get("torch._inductor.config")
     if config is not None and environment is os.environ:
         config.compile_threads = 1
 

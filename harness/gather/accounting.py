@@ -86,7 +86,7 @@ def open_recompile_limit(limit: int = 1024) -> Iterator[None]:
     limit (8) a compiled candidate would silently run eagerly after the eighth and the tests would
     check eager code. The stream a real engine sees is checked under the default limit instead.
     """
-    patch = {
+    patch: dict[str, Any] = {
         _config_name("recompile_limit", "cache_size_limit"): limit,
         _config_name("accumulated_recompile_limit", "accumulated_cache_size_limit"): limit,
         _config_name("fail_on_recompile_limit_hit", "fail_on_cache_limit_hit"): True,

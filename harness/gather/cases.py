@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -160,7 +160,7 @@ class GatherCase:
 
     def build(self, device: torch.device | str = "cpu") -> GatherInputs:
         generator = torch.Generator().manual_seed(self.seed)
-        buffers = []
+        buffers: list[torch.Tensor | None] = []
         for spec in self.specs:
             if spec is None:
                 buffers.append(None)
@@ -172,7 +172,9 @@ class GatherCase:
         else:
             raw = torch.tensor(self.index_values, dtype=torch.int64)
         indices = with_layout(raw.to(self.index_dtype), self.index_layout, generator=generator, device=device)
-        return GatherInputs(indices, tuple(buffers))  # type: ignore[arg-type]
+        # the specs' order: three buffers, then the hidden states' or None
+        return GatherInputs(indices, cast("tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]",
+                                          tuple(buffers)))
 
     def describe(self) -> dict[str, Any]:
         """The case in words, for failure messages."""
@@ -213,8 +215,9 @@ class GatherCase:
         return cls(
             pool=data["pool"], count=data["count"], seed=data["seed"],
             index_dtype=_dtype_of(data["index_dtype"]), index_layout=data["index_layout"],
-            topk_p=spec_of(data["topk_p"]), topk_index=spec_of(data["topk_index"]),  # type: ignore[arg-type]
-            output_tokens=spec_of(data["output_tokens"]), hidden=spec_of(data["hidden"]),  # type: ignore[arg-type]
+            topk_p=cast(BufferSpec, spec_of(data["topk_p"])),  # None only where the case allows it (hidden)
+            topk_index=cast(BufferSpec, spec_of(data["topk_index"])),
+            output_tokens=cast(BufferSpec, spec_of(data["output_tokens"])), hidden=spec_of(data["hidden"]),
             index_values=None if data["index_values"] is None else tuple(data["index_values"]),
         )
 

@@ -102,8 +102,8 @@ class SpecExtrasRelay:
         self.topk_p_buf[wrapped] = topk_p.to(self.topk_p_buf.dtype)
         self.topk_index_buf[wrapped] = topk_index.to(torch.int64)
         self.output_tokens_buf[wrapped] = output_tokens.to(torch.int64)
-        if self.hidden_states_buf is not None:
-            self.hidden_states_buf[wrapped] = hidden_states.to(self.hidden_states_buf.dtype)  # type: ignore[union-attr]
+        if self.hidden_states_buf is not None and hidden_states is not None:  # both or neither: _check_values
+            self.hidden_states_buf[wrapped] = hidden_states.to(self.hidden_states_buf.dtype)
 
     def resolve(self, indices: torch.Tensor) -> ResolvedExtras:
         """Gather the extras of ``indices`` through the relay's gather, then invalidate those slots."""

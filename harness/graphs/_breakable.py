@@ -12,7 +12,7 @@ import enum
 import functools
 import types
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -105,7 +105,9 @@ _OPAQUE = (type, torch.dtype, torch.device, enum.Enum, types.FunctionType, types
 
 
 def _is_frozen(value: Any) -> bool:
-    return dataclasses.is_dataclass(value) and not isinstance(value, type) and value.__dataclass_params__.frozen
+    # __dataclass_params__ is not in typeshed's DataclassInstance protocol
+    return (dataclasses.is_dataclass(value) and not isinstance(value, type)
+            and cast(Any, value).__dataclass_params__.frozen)
 
 
 def _members(value: Any) -> list[tuple[str, Any]]:

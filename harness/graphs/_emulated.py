@@ -43,7 +43,7 @@ class _ExternalTensor:
     storage: StorageWeakRef
     size: tuple[int, ...]
     stride: tuple[int, ...]
-    offset: int
+    offset: int | torch.SymInt
     dtype: torch.dtype
     device: torch.device
 
@@ -202,7 +202,8 @@ def _refuse_tolist() -> Iterator[None]:
             "host. Move it out of the captured region (compute it before capture, or run it in an eager break)."
         )
 
-    torch.Tensor.tolist = tolist  # type: ignore[method-assign]
+    # A patch of a method (mypy's method-assign), typed on TensorBase in torch's stubs (hence assignment).
+    torch.Tensor.tolist = tolist  # type: ignore[method-assign,assignment]
     try:
         yield
     finally:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextvars
 import functools
 from collections.abc import Callable
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import Any, Protocol, TypeVar, cast, runtime_checkable
 
 __all__ = [
     "BreakReceiver",
@@ -109,8 +109,8 @@ def eager_on_graph(fn: F | None = None, *, enable: bool = True) -> Any:
                 return receiver.run_break(function, args, kwargs)
             return function(*args, **kwargs)
 
-        wrapper.__eager_on_graph__ = True  # type: ignore[attr-defined]
-        return wrapper  # type: ignore[return-value]
+        cast(Any, wrapper).__eager_on_graph__ = True  # the mark a capturer looks for
+        return cast(F, wrapper)
 
     return decorate(fn) if fn is not None else decorate
 

@@ -7,6 +7,7 @@ of the same token count. Padding tokens attend to nothing and come out as zeros.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -88,6 +89,8 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class Rotary(nn.Module):
+    inv_freq: torch.Tensor  # a buffer
+
     def __init__(self, head_dim: int, theta: float) -> None:
         super().__init__()
         inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
@@ -304,8 +307,9 @@ def side_inputs_for(stack: nn.Module, batch: ForwardBatch, input_ids: torch.Tens
     names = getattr(stack, "side_input_names", ())
     if not names:
         return {}
-    config = stack.config
-    dtype = stack.embed_tokens.weight.dtype
+    config: Any = stack.config  # the stack's own attributes, which nn.Module types as Tensor | Module
+    embed_tokens: Any = stack.embed_tokens
+    dtype = embed_tokens.weight.dtype
     given = getattr(batch, "side_inputs", None) or {}
     return {
         name: given[name] if name in given

@@ -6,6 +6,7 @@ tolerance table but not bitwise: ``docs/runner.md`` (Tensor parallelism)."""
 from __future__ import annotations
 
 import copy
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -115,7 +116,7 @@ class ParallelMoE(MoE):
         self.group, self.mode = group, mode
         self.top_k = full.top_k
         self.router = copy.deepcopy(full.router)
-        self.experts = nn.ModuleList(_shard_mlp(expert, rank, size) for expert in full.experts)
+        self.experts = nn.ModuleList(_shard_mlp(cast(GatedMLP, expert), rank, size) for expert in full.experts)
         self.combine = full.combine
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -158,10 +159,12 @@ def shard_model(model: CausalLM, group: dist.ProcessGroup, *, collectives: str =
         raise UsageError(f"shard_model shards the zoo's dense and MoE models, not {type(model).__name__}")
     size = dist.get_world_size(group)
     _check_divisible(model, size)
-    sharded = copy.deepcopy(model)
+    # Module surgery on attributes nn.Module types as Tensor | Module: the stacks are the zoo's EngineModel.
+    sharded: Any = copy.deepcopy(model)
+    full_stack: Any = model.stack
     stack = sharded.stack
-    stack.embed_tokens = VocabParallelEmbedding(model.stack.embed_tokens, group, collectives)
-    for layer, full in zip(stack.decoder_layers, model.stack.decoder_layers):
+    stack.embed_tokens = VocabParallelEmbedding(full_stack.embed_tokens, group, collectives)
+    for layer, full in zip(stack.decoder_layers, full_stack.decoder_layers):
         layer.self_attn = ParallelAttention(full.self_attn, group, collectives)
         layer.mlp = (ParallelMoE(full.mlp, group, collectives) if isinstance(full.mlp, MoE)
                      else ParallelMLP(full.mlp, group, collectives))

@@ -46,7 +46,8 @@ class VisionLanguageModel(nn.Module):
         self.embed_scale = nn.Parameter(torch.ones(config.hidden_size))
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch) -> LogitsOutput:
-        input_embeds = self.language_model.model.embed_tokens(input_ids) * self.embed_scale
+        stack: Any = self.language_model.model  # an EngineModel
+        input_embeds = stack.embed_tokens(input_ids) * self.embed_scale
         return self.language_model(input_ids, positions, batch, input_embeds=input_embeds)
 
 
@@ -144,5 +145,5 @@ def build_model(name: str, *, seed: int = 0, dtype: torch.dtype = torch.float32,
     _initialise(model, seed)
     model = model.to(device=device, dtype=dtype).eval()
     model.requires_grad_(requires_grad)
-    model.zoo_name = name
+    model.zoo_name = name  # type: ignore[assignment]  # torch's stub types __setattr__'s value Tensor | Module
     return model

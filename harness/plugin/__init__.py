@@ -5,7 +5,7 @@ Safe to use: the fixtures and :func:`collect_suite`, for running a suite inside 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     import torch
 
     from harness.graphs import GraphBackend
+    from harness.impls import Implementation
 
 __all__ = ["MARKERS", "collect_suite"]
 
@@ -72,7 +73,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+def pytest_runtest_makereport(item: pytest.Item,
+                              call: pytest.CallInfo[None]) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
     if session.current_session(item.config) is not None:
         from harness.plugin.failures import annotate_failure
@@ -119,14 +121,14 @@ def graph_backend(pytestconfig: pytest.Config) -> GraphBackend:
 
 
 @pytest.fixture(scope="session")
-def implementation_under_test(pytestconfig: pytest.Config):
+def implementation_under_test(pytestconfig: pytest.Config) -> Callable[[str], Implementation]:
     """``implementation_under_test(component)``: the selected :class:`harness.impls.Implementation`
     record (its ``name`` is the spec, for failure messages)."""
     return lambda component: implementations.selected_implementation(pytestconfig, component)
 
 
 @pytest.fixture
-def exact_comparison(graph_backend: GraphBackend, device: torch.device):
+def exact_comparison(graph_backend: GraphBackend, device: torch.device) -> Callable[[torch.dtype], bool]:
     """``exact_comparison(dtype)``: whether a replay is held bitwise to eager here
     (:func:`harness.compare.bitwise_expected`), else to the tolerance table."""
     from harness.compare import bitwise_expected
@@ -135,7 +137,7 @@ def exact_comparison(graph_backend: GraphBackend, device: torch.device):
 
 
 @pytest.fixture
-def failure_context(request: pytest.FixtureRequest):
+def failure_context(request: pytest.FixtureRequest) -> Callable[..., dict[str, Any]]:
     """Call with details (seed, shapes, ...) to get the context for a failure message."""
     from harness.plugin import failures
 

@@ -19,6 +19,7 @@ from harness.plugin.options import given_options
 
 if TYPE_CHECKING:
     import torch
+    from syrupy.assertion import SnapshotAssertion
 
     from harness.graphs import GraphBackend
 
@@ -163,7 +164,7 @@ def activate(config: pytest.Config) -> HarnessSession:
 
 class _GoldenSnapshot:
     @pytest.fixture
-    def snapshot(self, snapshot, request: pytest.FixtureRequest):
+    def snapshot(self, snapshot: SnapshotAssertion, request: pytest.FixtureRequest) -> SnapshotAssertion:
         """Syrupy's snapshot; for the harness's suites, writing their readable JSON goldens (tensors
         compared within tolerance) in the ``golden/`` folder beside ``suites/``. Other tests of the
         session (an engine's own) keep syrupy's default."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from torch import nn
 
@@ -130,8 +130,8 @@ def harness_rule(model: nn.Module) -> DiscoveryResult:
     the model itself (``fell_back=True``).
     """
     wrapped = getattr(model, "wrapped_model_path", None)  # an adapter names the model it wraps
-    if isinstance(wrapped, str) and isinstance(_submodule(model, wrapped), nn.Module):
-        inner = harness_rule(_submodule(model, wrapped))
+    if isinstance(wrapped, str) and isinstance(wrapped_model := _submodule(model, wrapped), nn.Module):
+        inner = harness_rule(wrapped_model)
         if not inner.fell_back:
             return dataclasses.replace(inner, path=_join(wrapped, inner.path),
                                        tried=tuple(_join(wrapped, path) for path in inner.tried))
@@ -142,12 +142,13 @@ def harness_rule(model: nn.Module) -> DiscoveryResult:
     known = list(dict.fromkeys(known))
     for path in known:
         module = _submodule(model, path)
-        if _is_stack(path, module):
+        if module is not None and _is_stack(path, module):
             return DiscoveryResult(module, path, False, "harness", tuple(known))
     found: list[tuple[int, int, str, nn.Module]] = []
     for path, module in model.named_modules(remove_duplicate=True):
         if _is_stack(path, module) and not any(is_tower(p, m) for p, m in _ancestors(model, path)):
-            found.append((path.count(".") if path else -1, -len(layer_list(module)[1]), path, module))
+            layers = cast("tuple[str, nn.ModuleList]", layer_list(module))  # a stack has a layer list
+            found.append((path.count(".") if path else -1, -len(layers[1]), path, module))
     tried = (*known, "<search>")
     if found:
         _, _, path, module = min(found, key=lambda item: item[:3])
@@ -157,18 +158,19 @@ def harness_rule(model: nn.Module) -> DiscoveryResult:
 
 def _ancestors(model: nn.Module, path: str) -> list[tuple[str, nn.Module]]:
     parts = path.split(".") if path else []
-    return [(".".join(parts[:i]), _submodule(model, ".".join(parts[:i]))) for i in range(1, len(parts))]
+    # a path from model.named_modules(): each of its prefixes names a module
+    return [(".".join(parts[:i]), cast(nn.Module, _submodule(model, ".".join(parts[:i]))))
+            for i in range(1, len(parts))]
 
 
 RULES: dict[str, DiscoveryRule] = {"harness": harness_rule, "sglang": sglang_rule}
 DEFAULT_RULES: tuple[DiscoveryRule, ...] = (harness_rule,)
 
 
-def _as_rules(rules: Sequence[DiscoveryRule] | DiscoveryRule | str) -> tuple[DiscoveryRule, ...]:
-    if isinstance(rules, str) or callable(rules):
-        rules = (rules,)  # type: ignore[assignment]
-    resolved = []
-    for rule in rules:  # type: ignore[union-attr]
+def _as_rules(rules: Sequence[DiscoveryRule | str] | DiscoveryRule | str) -> tuple[DiscoveryRule, ...]:
+    listed: Sequence[DiscoveryRule | str] = (rules,) if isinstance(rules, str) or callable(rules) else rules
+    resolved: list[DiscoveryRule] = []
+    for rule in listed:
         if isinstance(rule, str):
             if rule not in RULES:
                 raise DiscoveryError(f"unknown discovery rule {rule!r}; named rules: {', '.join(RULES)}")
@@ -179,7 +181,8 @@ def _as_rules(rules: Sequence[DiscoveryRule] | DiscoveryRule | str) -> tuple[Dis
     return tuple(resolved)
 
 
-def discover_layer_model(model: nn.Module, *, rules: Sequence[DiscoveryRule] | DiscoveryRule | str = DEFAULT_RULES,
+def discover_layer_model(model: nn.Module, *,
+                         rules: Sequence[DiscoveryRule | str] | DiscoveryRule | str = DEFAULT_RULES,
                          strict: bool = False) -> DiscoveryResult:
     """Find the layer stack of ``model`` with ``rules`` (callables, names from :data:`RULES`, or one of either).
 

@@ -9,7 +9,7 @@ import contextlib
 import dataclasses
 import enum
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -275,7 +275,8 @@ class LayerStackRunner:
             def step(static: StaticInputs = static, forward: Callable[..., Any] = forward) -> Any:
                 return forward(*static.args, **static.kwargs)
 
-            with self.autograd_off(), self.publish(static.batch), self.collectives(), self.record_layers(static):
+            batch = cast(ForwardBatch, static.batch)  # _probe's dummy batch
+            with self.autograd_off(), self.publish(batch), self.collectives(), self.record_layers(static):
                 static.graph = self.graphs.capture(step, pool=pool, warmup_runs=self.warmup_runs)
             self._captured[bucket] = static
             self.stats.captures += 1
@@ -387,7 +388,7 @@ class LayerStackRunner:
 
         def replay_layer_forward(*args: Any, **kwargs: Any) -> Any:
             static.load(args, kwargs, copy_batch=copy_batch)
-            return static.graph.replay()
+            return cast(BreakableGraph, static.graph).replay()  # captured
 
         self._in_replay = True
         try:
@@ -415,8 +416,9 @@ class LayerStackRunner:
             "discovery": self.discovery.summary(),
             "buckets": list(self.buckets),
             "graphs": {
-                str(bucket): {"segments": s.graph.segment_count, "breaks": s.graph.break_count}
+                str(bucket): {"segments": graph.segment_count, "breaks": graph.break_count}
                 for bucket, s in sorted(self._captured.items())
+                for graph in [cast(BreakableGraph, s.graph)]  # captured
             },
         }
 

@@ -21,7 +21,8 @@ _failure_log: str | None = None
 def pytest_configure(config: pytest.Config) -> None:
     global _failure_log
     if not hasattr(config, "workerinput"):  # the controller (or a run without xdist) writes; workers report to it
-        _failure_log = os.environ.get("HARNESS_FAILURE_LOG") or None
+        # taken out of the environment: child pytest runs (whose failures are often the point of a test) log nothing
+        _failure_log = os.environ.pop("HARNESS_FAILURE_LOG", None) or None
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

@@ -3,7 +3,10 @@ request the same way, on one table of requests, with and without a GPU in sight.
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -12,8 +15,6 @@ from harness import cli, conformance, selfcheck
 from harness.bench import command as bench_command
 from harness.devices import resolve
 from harness.errors import UsageError
-
-pytest_plugins = ["pytester"]
 
 NO_GPU_CUDA = "sees no CUDA device"
 CPU_DEVICE = "needs --device cuda"
@@ -53,19 +54,40 @@ def _through_resolver(device: str, backend: str, capsys: pytest.CaptureFixture[s
     return placement.device_type, placement.graph_backend
 
 
+# One child process asks pytest about every row (an in-process pytester would import torch's modules anew, and a
+# child per row costs a torch import each). Before each run it shows torch the GPU of the row.
+_PYTEST_DRIVER = """
+import contextlib, io, json, sys
+import pytest, torch
+answers = []
+for device, backend, gpu in json.loads(sys.argv[1]):
+    torch.cuda.is_available = lambda gpu=gpu: gpu
+    torch.cuda.device_count = lambda gpu=gpu: int(gpu)
+    torch.cuda.get_device_capability = lambda device=None: (9, 0)
+    output = io.StringIO()
+    with contextlib.redirect_stdout(output), contextlib.redirect_stderr(output):
+        pytest.main(["--collect-only", "-p", "no:cacheprovider", "--device", device, "--graph-backend", backend,
+                     "test_nothing.py"])
+    answers.append(output.getvalue())
+print("ANSWERS" + json.dumps(answers))
+"""
+
+
+@pytest.fixture(scope="module")
+def pytest_answers(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str, bool], str]:
+    folder = tmp_path_factory.mktemp("pytest-entry")
+    (folder / "test_nothing.py").write_text("def test_nothing():\n    pass\n")
+    rows = [(device, backend, gpu) for device, backend, gpu, _ in TABLE]
+    completed = subprocess.run([sys.executable, "-c", _PYTEST_DRIVER, json.dumps(rows)], cwd=folder,
+                               capture_output=True, text=True, timeout=300)
+    marker = completed.stdout.rfind("ANSWERS")
+    assert marker >= 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    return dict(zip(rows, json.loads(completed.stdout[marker + len("ANSWERS"):])))
+
+
 def _through_pytest(device: str, backend: str, capsys: pytest.CaptureFixture[str], *,
                     request: pytest.FixtureRequest, gpu: bool, **_: object):
-    # pytester restores sys.modules after the test: only this entry point asks for it
-    pytester: pytest.Pytester = request.getfixturevalue("pytester")
-    # a child pytest (an in-process one would import torch's modules anew); its conftest, loaded before the
-    # plugin activates, shows it the GPU of the row
-    pytester.makeconftest(f"import torch\ntorch.cuda.is_available = lambda: {gpu}\n"
-                          f"torch.cuda.device_count = lambda: {int(gpu)}\n"
-                          "torch.cuda.get_device_capability = lambda device=None: (9, 0)\n")
-    pytester.makepyfile(test_nothing="def test_nothing():\n    pass\n")
-    result = pytester.runpytest_subprocess("--collect-only", "-p", "no:cacheprovider", "--device", device,
-                                           "--graph-backend", backend)
-    output = result.stdout.str() + result.stderr.str()
+    output = request.getfixturevalue("pytest_answers")[(device, backend, gpu)]
     header = re.search(r"^harness: device=(\w+), graph backend=(\w+)", output, re.MULTILINE)
     return (header[1], header[2]) if header else output
 

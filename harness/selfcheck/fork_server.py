@@ -147,8 +147,7 @@ def _plugin_modules() -> list[str]:
     plugins = [after for word, after in zip(words, words[1:]) if word == "-p"]
     plugins += [word[2:] for word in words if word.startswith("-p") and len(word) > 2]  # -pno:NAME
     blocked = {plugin.removeprefix("no:") for plugin in plugins if plugin.startswith("no:")}
-    return modules + [entry.value.split(":")[0] for entry in entry_points(group="pytest11")
-                      if entry.name not in blocked]
+    return modules + [entry.module for entry in entry_points(group="pytest11") if entry.name not in blocked]
 
 
 def _skip_reason(error: BaseException, guard: _CudaGuard) -> str:

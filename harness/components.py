@@ -7,11 +7,9 @@ explains each field; ``tests/test_components.py`` checks every row."""
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from collections.abc import Mapping
-from typing import Any
 
-__all__ = ["Component", "COMPONENTS", "component_names", "get_component", "resolve"]
+__all__ = ["Component", "COMPONENTS", "component_names", "get_component"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,12 +89,3 @@ def get_component(name: str) -> Component:
     from harness.errors import UsageError
 
     raise UsageError(f"unknown component {name!r}; known components: {', '.join(component_names())}")
-
-
-def resolve(target: str) -> Any:
-    """Import ``package.module:attribute.path`` and return the attribute."""
-    module_name, _, attribute_path = target.partition(":")
-    obj: Any = importlib.import_module(module_name)
-    for part in attribute_path.split(".") if attribute_path else ():
-        obj = getattr(obj, part)
-    return obj

@@ -25,7 +25,6 @@ from harness.errors import GoldenError
 
 __all__ = [
     "GoldenExtension",
-    "GoldenFileError",
     "DriftEvent",
     "to_golden",
     "tensor_summary",
@@ -40,10 +39,6 @@ __all__ = [
 
 _TENSOR_KEY = "__tensor__"
 _HEAD = 8  # leading values stored per tensor: enough to spot a shifted or permuted result
-
-
-class GoldenFileError(GoldenError):
-    """A golden file that cannot be read (corrupted, truncated, hand-edited into invalid JSON)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -281,7 +276,7 @@ def _parse(text: str, location: str) -> Any:
     try:
         return json.loads(text)
     except ValueError as error:
-        raise GoldenFileError(
+        raise GoldenError(
             f"golden file {location} is not valid JSON ({error}): it is corrupted or truncated; restore it "
             "with `git checkout -- <file>`, or delete it and regenerate with --snapshot-update") from None
 

@@ -10,6 +10,8 @@ import dataclasses
 import importlib
 import inspect
 import os
+import pkgutil
+import sys
 import traceback
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
@@ -73,9 +75,9 @@ def _row(component: str) -> _components.Component:
 def implementations(component: str) -> dict[str, Implementation]:
     """Every registered implementation of ``component``: the reference, other names, the mutants."""
     row = _row(component)
-    registered = {"reference": Implementation(component, "reference", _components.resolve(row.reference))}
+    registered = {"reference": Implementation(component, "reference", pkgutil.resolve_name(row.reference))}
     for name, target in row.also_registered.items():
-        registered[name] = Implementation(component, name, _components.resolve(target))
+        registered[name] = Implementation(component, name, pkgutil.resolve_name(target))
     for mutant in mutants(component):
         registered[mutant.name] = mutant
     return registered
@@ -127,14 +129,16 @@ def validate(component: str, obj: Any, spec: str, *, smoke: bool = True) -> Any:
     tiny case); returns the object in the form the suites call."""
     key = (component, spec, id(obj))
     if key not in _VALIDATED:
-        _VALIDATED[key] = (obj, _components.resolve(_row(component).validator)(obj, spec, smoke=smoke))
+        _VALIDATED[key] = (obj, pkgutil.resolve_name(_row(component).validator)(obj, spec, smoke=smoke))
     return _VALIDATED[key][1]
 
 
-def _import_user_module(component: str, spec: str, module_name: str) -> Any:
-    """Import the module a spec names; any failure is one :class:`ImplementationError` line."""
+def _resolve_user_spec(component: str, spec: str) -> Any:
+    """The object a ``package.module:attribute`` spec names (:func:`pkgutil.resolve_name`); any failure,
+    of the import or of the lookup, is one :class:`ImplementationError` line."""
+    module_name, _, attribute_path = spec.partition(":")  # for the messages
     try:
-        return importlib.import_module(module_name)
+        return pkgutil.resolve_name(spec)
     except ModuleNotFoundError as error:
         # The module itself, or a package above it.
         if error.name and (module_name == error.name or module_name.startswith(error.name + ".")):
@@ -147,6 +151,16 @@ def _import_user_module(component: str, spec: str, module_name: str) -> Any:
             "which is not installed in this environment"
         ) from None
     except Exception as error:  # noqa: BLE001 - a syntax error or an exception raised by the module's own code
+        if isinstance(error, AttributeError) and sys.modules.get(module_name) is not None:
+            # the module imported (a failed import leaves no entry): the lookup of the attribute failed
+            raise ImplementationError(
+                f"--impl {component}={spec}: module {module_name!r} has no attribute {attribute_path!r}"
+            ) from None
+        if isinstance(error, ValueError) and traceback.extract_tb(error.__traceback__)[-1].filename == pkgutil.__file__:
+            # resolve_name's own check of the form, before importing anything
+            raise ImplementationError(
+                f"--impl {component}={spec}: not of the form 'package.module:attribute' (dotted Python names)"
+            ) from None
         raise ImplementationError(
             f"--impl {component}={spec}: importing {module_name!r} failed: {describe_exception(error)}"
         ) from None
@@ -162,7 +176,7 @@ def load(component: str, spec: str = "reference", *, graph_backend: str | None =
     row = _row(component)
     if spec in row.adapters:
         # The loader imports the engine; a missing one is its one-line error, not a traceback.
-        obj = _components.resolve(row.adapters[spec])(graph_backend=graph_backend)
+        obj = pkgutil.resolve_name(row.adapters[spec])(graph_backend=graph_backend)
         # No smoke call: an engine's code may need the device the suites select, not the emulated one.
         return Implementation(component, spec, validate(component, obj, f"{component}={spec}", smoke=False), "adapter")
     if ":" not in spec or spec.startswith("mutant:"):
@@ -189,15 +203,7 @@ def load(component: str, spec: str = "reference", *, graph_backend: str | None =
 
 
 def _load_external(component: str, spec: str) -> Implementation:
-    module_name, _, attribute_path = spec.partition(":")
-    obj: Any = _import_user_module(component, spec, module_name)
-    for part in attribute_path.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise ImplementationError(
-                f"--impl {component}={spec}: module {module_name!r} has no attribute {attribute_path!r}"
-            ) from None
+    obj = _resolve_user_spec(component, spec)
     return Implementation(component, spec, validate(component, obj, f"{component}={spec}"), "external")
 
 

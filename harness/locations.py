@@ -11,7 +11,7 @@ from pathlib import Path
 
 from harness.errors import UsageError
 
-__all__ = ["suites_dir", "project_root", "golden_dir", "is_checkout", "baselines_dir", "resolve_baseline"]
+__all__ = ["suites_dir", "project_root", "is_checkout", "baselines_dir", "resolve_baseline"]
 
 _PACKAGE = Path(__file__).resolve().parent
 
@@ -35,10 +35,6 @@ def suites_dir() -> Path:
 def project_root() -> Path:
     """The folder holding ``suites/`` and ``golden/``: the checkout, or the installed ``harness`` package."""
     return suites_dir().parent
-
-
-def golden_dir() -> Path:
-    return project_root() / "golden"
 
 
 def is_checkout() -> bool:

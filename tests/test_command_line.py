@@ -103,7 +103,7 @@ def usage_results(tmp_path_factory) -> dict[str, dict]:
     return json.loads(completed.stdout[marker + len("RESULTS"):])
 
 
-@pytest.mark.parametrize("case_id", [c for c in _USAGE_CASES if _USAGE_CASES[c][3] is not None])
+@pytest.mark.parametrize("case_id", list(_USAGE_CASES))
 def test_bad_input_is_one_line_with_the_usage_error_status(usage_results, case_id):
     """Exit 4 (pytest's usage error) and one ERROR line naming the problem, no traceback."""
     _, _, status, pattern = _USAGE_CASES[case_id]

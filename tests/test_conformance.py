@@ -12,6 +12,7 @@ import pytest
 
 from harness import cli, conformance
 from harness.conformance.clauses import CORE, STRICT, Clause
+from harness.plugin import child_runs
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -143,8 +144,8 @@ def test_a_suite_past_its_time_limit_is_stopped_with_its_workers_and_the_report_
     started = time.monotonic()
     child = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
              "print('started', flush=True); time.sleep(60)")
-    returncode, output = conformance._run_limited([sys.executable, "-c", child], ROOT, dict(os.environ), 3)
-    assert returncode is None and "started" in output and time.monotonic() - started < 30
+    finished = child_runs.run([sys.executable, "-c", child], cwd=ROOT, environment=dict(os.environ), time_limit=3)
+    assert finished.returncode is None and "started" in finished.output and time.monotonic() - started < 30
     report = _report()
     report.stopped = "stopped at the time limit of 3 s"
     assert not report.ok and "INCOMPLETE: stopped at the time limit" in conformance.format_text(report)

@@ -121,7 +121,7 @@ def _through_conformance(device: str, backend: str, capsys: pytest.CaptureFixtur
         raise _Resolved(*answer)
 
     monkeypatch.setattr(conformance.impls, "load", load)
-    monkeypatch.setattr(conformance, "_run_limited", run_child)
+    monkeypatch.setattr(conformance.child_runs, "run", run_child)
     try:
         status = cli.main(["conformance", "--impl", "graphs=reference", "--device", device, "--graph-backend", backend])
     except _Resolved as resolved:

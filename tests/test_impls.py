@@ -26,6 +26,7 @@ def test_module_attribute_spec_loads_external_object():
     [
         ("graphs", "no_such_package.module:thing", ImplementationError, "cannot be imported"),
         ("graphs", "harness.graphs:NoSuchThing", ImplementationError, "has no attribute 'NoSuchThing'"),
+        ("graphs", "no-such-package:thing", ImplementationError, "not of the form 'package.module:attribute'"),
         ("graphs", "harness.graphs:BACKEND_NAMES", ImplementationError, "expected a class or factory"),
         ("graphs", "mutant:does-not-exist", UsageError, "no registered implementation"),
         ("graphs", "plainname", UsageError, "package.module:attribute"),
@@ -108,6 +109,7 @@ def user_modules(tmp_path_factory):
     (folder / "issue12_syntax_error.py").write_text("def broken(:\n    pass\n")
     (folder / "issue12_raises.py").write_text("x = 1\nraise RuntimeError('cannot reach the engine')\n")
     (folder / "issue12_missing_dependency.py").write_text("import issue12_not_installed_anywhere\n")
+    (folder / "issue12_attribute_error.py").write_text("import os\nos.no_such_function()\n")
     sys.path.insert(0, str(folder))
     yield folder
     sys.path.remove(str(folder))
@@ -122,6 +124,9 @@ def user_modules(tmp_path_factory):
                                        r"\(at issue12_raises.py:2\)"),
         ("graphs", "issue12_missing_dependency:X", r"it imports 'issue12_not_installed_anywhere', which is not "
                                                    r"installed"),
+        # an AttributeError of the module's own code is its failing import, not a missing attribute
+        ("graphs", "issue12_attribute_error:X",
+         r"importing 'issue12_attribute_error' failed: AttributeError: .*no_such_function"),
         ("graphs", "issue12_candidates:NotACapturer", r"NotACapturer\(\) cannot be called as factory\(backend\)"),
         ("graphs", "issue12_candidates:CapturerWithoutPool", r"is a CapturerWithoutPool with no new_pool"),
         ("graphs", "issue12_candidates:CaptureReturnsNoGraph", r"the graph capture\(\) returned is a Tensor with no "

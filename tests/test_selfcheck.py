@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -13,33 +12,39 @@ from pathlib import Path
 import pytest
 
 from harness import impls, selfcheck
+from harness.plugin import child_runs
 
 
-def test_hinted_test_runs_first_and_its_failure_is_timed(tmp_path: Path):
+def _child_run(folder: Path, **variables: str) -> tuple[child_runs.ChildRun, list[dict]]:
+    """A selfcheck child's run of ``folder`` (``-x``, the selfcheck plugin), and its report log."""
+    log = folder / "reports.jsonl"
+    command = child_runs.pytest_command([folder], root=folder, plugin="harness.selfcheck.plugin", report_log=log,
+                                        arguments=["-x", "-c", os.devnull])
+    finished = child_runs.run(command, cwd=folder, environment=dict(os.environ, **variables), time_limit=120)
+    return finished, child_runs.read_report_log(log)
+
+
+def test_hinted_test_runs_first_and_its_failure_is_logged_before_the_early_exit(tmp_path: Path):
     (tmp_path / "test_two.py").write_text(
         "def test_first_in_file():\n    assert False, 'first'\n\n"
         "def test_second_in_file():\n    assert False, 'second'\n")
-    report = tmp_path / "first.json"
-    environment = dict(os.environ, HARNESS_RUN_FIRST="test_two.py::test_second_in_file\n",
-                       HARNESS_FIRST_FAILURE=str(report), HARNESS_STARTED_AT=repr(time.time()))
-    completed = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
-                                "-p", "harness.selfcheck.plugin", "--rootdir", str(tmp_path), "-c", os.devnull,
-                                str(tmp_path)], cwd=tmp_path, env=environment, capture_output=True, text=True)
-    assert completed.returncode == 1, completed.stdout + completed.stderr
-    record = json.loads(report.read_text())
-    assert record["nodeid"] == "test_two.py::test_second_in_file"
-    assert record["when"] == "call" and 0 <= record["seconds"] < 120
+    started = time.time()
+    finished, log = _child_run(tmp_path, HARNESS_RUN_FIRST="test_two.py::test_second_in_file\n",
+                               HARNESS_EXIT_ON_FIRST_FAILURE="1")
+    assert finished.returncode == 1, finished.output
+    assert "short test summary" not in finished.output  # it exited at the failure: no summary
+    (failure,) = [entry for entry in child_runs.phase_reports(log) if entry["outcome"] == "failed"]
+    assert failure["nodeid"] == "test_two.py::test_second_in_file" and failure["when"] == "call"
+    assert 0 <= failure["stop"] - started < 120  # what the matrix's seconds to kill are measured with
+    assert child_runs.failed_nodeids(log) == ["test_two.py::test_second_in_file"]
 
 
 def test_without_a_hint_the_suite_order_stands(tmp_path: Path):
     (tmp_path / "test_two.py").write_text(
         "def test_a():\n    assert False\n\ndef test_b():\n    assert False\n")
-    report = tmp_path / "first.json"
-    environment = dict(os.environ, HARNESS_RUN_FIRST="", HARNESS_FIRST_FAILURE=str(report))
-    subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-p",
-                    "harness.selfcheck.plugin", "--rootdir", str(tmp_path), "-c", os.devnull, str(tmp_path)],
-                   cwd=tmp_path, env=environment, capture_output=True, text=True)
-    assert json.loads(report.read_text())["nodeid"] == "test_two.py::test_a"
+    finished, log = _child_run(tmp_path, HARNESS_RUN_FIRST="")
+    assert finished.returncode == 1, finished.output
+    assert child_runs.failed_nodeids(log) == ["test_two.py::test_a"]
 
 
 def _outcome(spec: str, verdict: str, test: str, backend: str) -> selfcheck.Outcome:
@@ -108,7 +113,7 @@ def test_slow_mutants_start_first_and_beside_the_references_at_a_lower_priority(
 
 @pytest.mark.skipif(not hasattr(os, "setpriority"), reason="no process priorities on this platform")
 def test_lower_priority_adds_to_the_nice_value_of_a_process_and_its_children():
-    from harness.selfcheck.fork_server import lower_priority
+    from harness.plugin.child_runs import lower_priority
 
     own_nice = "import os; print(os.getpriority(os.PRIO_PROCESS, 0))"
     child = subprocess.Popen([sys.executable, "-c", "import subprocess, sys; sys.stdin.readline(); " + own_nice + "; "

@@ -11,8 +11,6 @@ import importlib
 import json
 import os
 import re
-import signal
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -24,6 +22,7 @@ from harness import components, impls
 from harness.conformance import clauses as _clauses
 from harness.devices import resolve
 from harness.errors import HarnessError
+from harness.plugin import child_runs
 
 __all__ = ["ClauseResult", "ConformanceReport", "run_conformance", "build_report", "format_text",
            "format_markdown", "write_report"]
@@ -127,18 +126,18 @@ def run_conformance(*, component: str, spec: str, device: str = "auto", graph_ba
     placement = resolve(device=device, graph_backend=graph_backend)
     resolved, backend = placement.device, placement.graph_backend
     implementation = impls.load(component, spec, graph_backend=backend)  # a bad spec: one line, before pytest
-    # --rootdir: node ids relative to the root in an installed wheel too, which has no ini file
-    command = [sys.executable, "-m", "pytest", str(root / row.suite), "--rootdir", str(root), "-q", "-rfE",
-               "-p", "no:cacheprovider",
-               "-p", "harness.conformance.plugin", "--impl", f"{component}={spec}", "--device", resolved.type,
-               "--graph-backend", backend, "--hypothesis-profile", hypothesis_profile, *(extra_args or [])]
-    if jobs > 1:
-        command += ["-n", str(jobs)]
     with tempfile.TemporaryDirectory() as scratch:
-        record_path = Path(scratch) / "record.jsonl"
+        record_path, report_log = Path(scratch) / "collected.jsonl", Path(scratch) / "reports.jsonl"
+        command = child_runs.pytest_command(
+            [root / row.suite], root=root, plugin="harness.conformance.plugin", report_log=report_log,
+            arguments=["--impl", f"{component}={spec}", "--device", resolved.type, "--graph-backend", backend,
+                       "--hypothesis-profile", hypothesis_profile, *(extra_args or []),
+                       *(["-n", str(jobs)] if jobs > 1 else [])])
         environment = dict(os.environ, HARNESS_CONFORMANCE_RECORD=str(record_path))
-        returncode, output = _run_limited(command, root, environment, time_limit)
-        records = [json.loads(line) for line in record_path.read_text().splitlines()] if record_path.is_file() else []
+        finished = child_runs.run(command, cwd=root, environment=environment, time_limit=time_limit)
+        returncode, output = finished.returncode, finished.output
+        records = child_runs.read_report_log(record_path) + [
+            _record(entry) for entry in child_runs.phase_reports(child_runs.read_report_log(report_log))]
     for record in records:
         if record.get("reproduce"):
             record["reproduce"] = _portable(record["reproduce"], root)
@@ -164,18 +163,13 @@ def _portable(command: str, root: Path) -> str:
     return re.sub(rf"(?<![\w/.-]){re.escape(str(root))}(?=[/:\s'\"]|$)", ".", command)
 
 
-def _run_limited(command: list[str], root: Path, environment: dict[str, str],
-                 time_limit: float | None) -> tuple[int | None, str]:
-    """Run the child pytest; past ``time_limit`` stop it and its xdist workers (exit status None)."""
-    process = subprocess.Popen(command, cwd=root, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, start_new_session=True)
-    try:
-        output, _ = process.communicate(timeout=time_limit)
-        return process.returncode, output
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)  # its own session: the workers go with it
-        output, _ = process.communicate()
-        return None, output
+def _record(report: dict[str, Any]) -> dict[str, Any]:
+    """One test phase of the report log as :func:`build_report` reads it: node id, phase, outcome, and the
+    user properties the conformance plugin gave it (clause; a failure's message, example and reproduce
+    line; a skip's reason)."""
+    properties = dict(report.get("user_properties") or [])
+    return {"nodeid": report["nodeid"], "when": report["when"], "outcome": report["outcome"], **properties,
+            "clause": properties.get("clause")}
 
 
 def build_report(records: list[dict[str, Any]], clause_table: tuple[_clauses.Clause, ...], **fields: Any

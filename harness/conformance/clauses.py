@@ -10,7 +10,7 @@ import dataclasses
 
 from harness.errors import UsageError
 
-__all__ = ["Clause", "CORE", "STRICT", "TIERS", "CLAUSES", "MARKER", "clauses_of", "get_clause"]
+__all__ = ["Clause", "CORE", "STRICT", "TIERS", "CLAUSES", "MARKER", "clauses_of"]
 
 CORE, STRICT = "core", "strict"
 TIERS = {
@@ -101,11 +101,3 @@ def clauses_of(component: str) -> tuple[Clause, ...]:
         raise UsageError(f"no contract clauses are declared for {component!r} yet (harness/conformance/clauses.py); "
                          f"components with a conformance report: {', '.join(CLAUSES)}")
     return CLAUSES[component]
-
-
-def get_clause(component: str, clause_id: str) -> Clause:
-    for clause in clauses_of(component):
-        if clause.id == clause_id:
-            return clause
-    raise UsageError(f"{component} has no clause {clause_id!r}; its clauses: "
-                     f"{', '.join(c.id for c in clauses_of(component))}")

@@ -1,13 +1,16 @@
 """Pytest plugin of the ``python -m harness conformance`` child process (``-p harness.conformance.plugin``).
 
-Gives each test its nearest ``clause`` marker as a user property and appends one JSON line per test
-phase (node id, clause, outcome, failure details) to the file named by ``HARNESS_CONFORMANCE_RECORD``."""
+Gives each test its nearest ``clause`` marker, and each failed or skipped phase its failure details or
+reason, as user properties, which reach the run's report log (:mod:`harness.plugin.child_runs`); appends
+one JSON line per collected test to the file named by ``HARNESS_CONFORMANCE_RECORD`` (a report log has no
+line for a test that never ran)."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+from collections.abc import Generator
 from typing import Any
 
 import pytest
@@ -61,13 +64,16 @@ def failure_details(report: pytest.TestReport) -> dict[str, str]:
             "reproduce": reproduce.group(1).strip() if reproduce else ""}
 
 
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    clause = dict(report.user_properties).get("clause")
-    record: dict[str, Any] = {"nodeid": report.nodeid, "when": report.when, "outcome": report.outcome,
-                              "clause": clause}
+# Outermost (tryfirst): its part after the yield runs after the harness plugin's, which adds the reproduce line.
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
     if report.failed:
-        record.update(failure_details(report))
+        report.user_properties.extend(failure_details(report).items())
     elif report.skipped:
         longrepr = report.longrepr
-        record["reason"] = str(longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else longrepr)
-    _append(record)
+        reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else longrepr
+        report.user_properties.append(("reason", str(reason)))
+    return report

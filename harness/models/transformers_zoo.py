@@ -26,7 +26,6 @@ __all__ = [
     "HIDDEN_SIZE",
     "NUM_LAYERS",
     "architecture",
-    "architecture_names",
     "build_architecture",
     "text_config_of",
     "EXPERTS_IMPLEMENTATIONS",
@@ -187,13 +186,6 @@ ARCHITECTURES: tuple[Architecture, ...] = (
 )
 
 _BY_NAME = {arch.name: arch for arch in ARCHITECTURES}
-
-
-def architecture_names(family: str | None = None) -> tuple[str, ...]:
-    """Names of the zoo's architectures, all or of one family (see :data:`FAMILIES`)."""
-    if family is not None and family not in FAMILIES:
-        raise UsageError(f"unknown architecture family {family!r}; choose one of {', '.join(FAMILIES)}")
-    return tuple(arch.name for arch in ARCHITECTURES if family is None or arch.family == family)
 
 
 def _architecture(name: str) -> Architecture:

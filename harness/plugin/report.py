@@ -170,7 +170,7 @@ class RunReport:
         text = getattr(node, "workeroutput", {}).get(_WORKER_KEY)
         if text:
             self.parts.append(json.loads(text))
-            if not self.started and self.config.pluginmanager.has_plugin("syrupy"):
+            if not self.started:
                 # workers that activated the harness during their collection: this controller's syrupy
                 # reports on their goldens when the session ends, by the harness's rule too
                 from harness.plugin.session import use_harness_orphan_rule
@@ -284,7 +284,7 @@ _UNUSED_DETAIL = re.compile(rf"{_STYLE}Unused{_STYLE} ")
 
 
 def _drop_syrupy_banner(config: pytest.Config) -> None:
-    session = getattr(config, "_syrupy", None)  # syrupy's session (private; absent without syrupy)
+    session = getattr(config, "_syrupy", None)  # syrupy's session (private; absent under -p no:syrupy)
     report = getattr(session, "report", None)
     if report is not None and not isinstance(report, _WithoutBanner):
         session.report = _WithoutBanner(report)

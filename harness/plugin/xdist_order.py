@@ -10,6 +10,9 @@ import pytest
 
 __all__ = ["MARKERS", "order_for_workers"]
 
+# same_worker, not pytest-xdist's xdist_group: that mark acts only under --dist loadgroup (ignored under the
+# default load that -n N selects), and loadgroup deals out whole groups and single tests from a queue in
+# collection order, with no contiguous shares for the long tests to head; it also renames grouped node ids.
 MARKERS = {
     "long_running": "a long test (a whole suite, a benchmark, a chain of child processes): started first, "
                     "at the head of its own pytest-xdist worker's share",

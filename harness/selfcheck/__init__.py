@@ -10,10 +10,6 @@ import concurrent.futures
 import dataclasses
 import json
 import os
-import re
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -22,7 +18,8 @@ from typing import Any
 
 from harness import components, impls
 from harness.devices import resolve, use_one_compile_worker
-from harness.selfcheck.fork_server import ForkServer, ForkServerUnavailable, lower_priority
+from harness.plugin import child_runs
+from harness.selfcheck.fork_server import ForkServer, ForkServerUnavailable
 from harness.selfcheck.fork_server import available as fork_server_available
 
 __all__ = ["Outcome", "HINTS_PATH", "default_jobs", "run_one", "run_references", "run_selfcheck", "judge",
@@ -30,7 +27,6 @@ __all__ = ["Outcome", "HINTS_PATH", "default_jobs", "run_one", "run_references",
            "child_environment", "fork_server_wanted", "TEST_SECONDS", "PROCESS_SECONDS", "SLOW_KILL_SECONDS",
            "MUTANT_NICENESS"]
 
-_FAILED_LINE = re.compile(r"^(?:FAILED|ERROR) (\S+)", re.MULTILINE)
 # Which test killed which mutant last, per graph backend; relative to the project root.
 HINTS_PATH = Path("golden") / "selfcheck" / "kill_matrix.json"
 # Concurrent pytest processes per GPU (never more than the cores): the suites' kernels are tiny, so a
@@ -48,6 +44,8 @@ SLOW_KILL_SECONDS = 10.0
 # and the mutants' processes, more than there are cores, slowed them. The mutants' processes run at this lower
 # CPU priority (a nice value added), so they take the cores the references' session leaves idle.
 MUTANT_NICENESS = 10
+# A reference's slowest tests kept in its outcome: what bounds the matrix's longest run.
+SLOWEST_COUNT = 10
 
 
 # A reference runs its whole suite, so the references' session is the longest run of the matrix: where
@@ -136,14 +134,6 @@ def write_hints(root: Path, outcomes: list[Outcome]) -> None:
                                 "kills": [entries[key] for key in sorted(entries)]}, indent=2) + "\n")
 
 
-def _stop(process: subprocess.Popen) -> None:
-    """Stop a child started in its own session, with everything it started (pytest-xdist workers)."""
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except (AttributeError, ProcessLookupError, PermissionError):  # no process groups here, or already gone
-        process.kill()
-
-
 def child_environment(*, threads: int | None = None) -> dict[str, str]:
     """The environment every child of a run shares (a fork server is started with it); each run adds the
     variables of :data:`harness.selfcheck.fork_server.PER_RUN_VARIABLES`."""
@@ -202,31 +192,28 @@ def _run_together(impl_list: list[impls.Implementation], *, first: str, fork_ser
     suites = {impl.component: components.get_component(impl.component).suite for impl in impl_list}
     is_mutant = any(impl.kind != "reference" for impl in impl_list)
     assert not is_mutant or len(impl_list) == 1, "a mutant runs alone: its first failure is its verdict"
-    command = [
-        # --rootdir: node ids relative to the root (the hints' form) in an installed wheel too, which has no ini file
-        sys.executable, "-m", "pytest", *(str(root / suite) for suite in suites.values()), "--rootdir", str(root),
-        *(["-x"] if is_mutant else []), "-q", "-p", "no:cacheprovider", "-p", "harness.selfcheck.plugin", "-rfE",
-        *(argument for impl in impl_list for argument in ("--impl", f"{impl.component}={impl.name}")),
-        "--graph-backend", graph_backend, "--device", device,
-        *(["--timeout", f"{test_timeout:g}"] if test_timeout else []), *(extra_args or []),
-        *(["-n", str(workers)] if workers > 1 else []),
-    ]
     environment = dict(environment)
     environment["HARNESS_RUN_FIRST"] = first if is_mutant else ""
     environment["HARNESS_EXIT_ON_FIRST_FAILURE"] = "1" if is_mutant else ""
     with tempfile.TemporaryDirectory() as scratch:
-        report_path, slowest_path = Path(scratch) / "first_failure.json", Path(scratch) / "slowest.json"
-        environment["HARNESS_FIRST_FAILURE"] = str(report_path)
-        if not is_mutant:
-            environment["HARNESS_SLOWEST_TESTS"] = str(slowest_path)
-        returncode, output, seconds, launch = _launch(command, environment, cwd=root, time_limit=process_timeout,
-                                                      scratch=Path(scratch), fork_server=fork_server,
-                                                      niceness=niceness)
-        first_failure = json.loads(report_path.read_text()) if report_path.is_file() else None
-        slowest = [(nodeid, seconds) for nodeid, seconds in json.loads(slowest_path.read_text())] \
-            if slowest_path.is_file() else []
-    listed = _FAILED_LINE.findall(output)
-    every_failure = list(dict.fromkeys(([first_failure["nodeid"]] if first_failure else []) + listed))
+        report_log = Path(scratch) / "reports.jsonl"
+        command = child_runs.pytest_command(
+            (root / suite for suite in suites.values()), root=root, plugin="harness.selfcheck.plugin",
+            report_log=report_log,
+            arguments=[*(["-x"] if is_mutant else []),
+                       *(argument for impl in impl_list for argument in ("--impl", f"{impl.component}={impl.name}")),
+                       "--graph-backend", graph_backend, "--device", device,
+                       *(["--timeout", f"{test_timeout:g}"] if test_timeout else []), *(extra_args or []),
+                       *(["-n", str(workers)] if workers > 1 else [])])
+        returncode, output, seconds, launch, started_at = _launch(
+            command, environment, cwd=root, time_limit=process_timeout, scratch=Path(scratch),
+            fork_server=fork_server, niceness=niceness, report_log=report_log)
+        entries = child_runs.read_report_log(report_log)
+    every_failure = child_runs.failed_nodeids(entries)
+    first_failure = next((entry for entry in child_runs.phase_reports(entries) if entry["outcome"] == "failed"), None)
+    seconds_to_first_failure = (round(first_failure["stop"] - started_at, 2)
+                                if first_failure and first_failure.get("stop") else None)
+    slowest = _slowest(entries)
     backend = resolve(device=device, graph_backend=graph_backend).graph_backend
     # A failure that lies in none of the session's suites (a crash before any test, a broken plugin)
     # may be any component's: it counts against each of them.
@@ -252,7 +239,7 @@ def _run_together(impl_list: list[impls.Implementation], *, first: str, fork_ser
                             "--graph-backend", graph_backend, "--device", device, "-x"])
         outcomes.append(Outcome(impl.component, impl.name, impl.kind, verdict, failures[0] if failures else "",
                                 seconds, display, impl.bug,
-                                first_failure["seconds"] if first_failure and first_failure["nodeid"] in failures
+                                seconds_to_first_failure if first_failure and first_failure["nodeid"] in failures
                                 else None, backend,
                                 tuple(failures), launch=launch,
                                 slowest_tests=tuple(entry for entry in slowest if _in_suite(entry[0], suite))))
@@ -263,38 +250,38 @@ def _in_suite(nodeid: str, suite: str) -> bool:
     return nodeid == suite or nodeid.startswith(suite + "/")
 
 
+def _slowest(entries: list[dict[str, Any]]) -> list[tuple[str, float]]:
+    """The run's slowest tests, with the seconds of their setup, call and teardown, slowest first."""
+    seconds: dict[str, float] = {}
+    for entry in child_runs.phase_reports(entries):
+        seconds[entry["nodeid"]] = seconds.get(entry["nodeid"], 0.0) + entry.get("duration", 0.0)
+    ranked = sorted(seconds.items(), key=lambda item: -item[1])[:SLOWEST_COUNT]
+    return [(nodeid, round(total, 2)) for nodeid, total in ranked]
+
+
 def _launch(command: list[str], environment: dict[str, str], *, cwd: Path, time_limit: float | None,
-            scratch: Path, fork_server: ForkServer | None, niceness: int = 0) -> tuple[int | None, str, float, str]:
-    """Start one run and wait for it: from ``fork_server`` where it serves the run, else as a plain process.
-    Returns the exit status (None: stopped at ``time_limit``), stdout then stderr, the seconds it took, and
-    how it was started ("fork server", "process", or "process (why the fork server did not run it)")."""
+            scratch: Path, fork_server: ForkServer | None, report_log: Path,
+            niceness: int = 0) -> tuple[int | None, str, float, str, float]:
+    """Start one run and wait for it: from ``fork_server`` where it serves the run, else as a plain process
+    (:func:`harness.plugin.child_runs.run`). Returns the exit status (None: stopped at ``time_limit``), its
+    output, the seconds it took, how it was started ("fork server", "process", or "process (why the fork
+    server did not run it)"), and when it started (:func:`time.time`, to time the report log's entries)."""
     launch = "process"
     if fork_server is not None:
         stdout, stderr = scratch / "stdout", scratch / "stderr"
         try:
             fork_server.wait_ready()  # its imports are the matrix's, not this run's: they are not timed
-            environment["HARNESS_STARTED_AT"] = repr(time.time())
-            started = time.perf_counter()
+            started_at, started = time.time(), time.perf_counter()
             returncode = fork_server.run(command, environment=environment, cwd=cwd, time_limit=time_limit,
                                          stdout=stdout, stderr=stderr)
             output = "".join(path.read_text(errors="replace") for path in (stdout, stderr) if path.is_file())
-            return returncode, output, time.perf_counter() - started, "fork server"
+            return returncode, output, time.perf_counter() - started, "fork server", started_at
         except ForkServerUnavailable as unavailable:
             launch = f"process ({unavailable})"
-            Path(environment["HARNESS_FIRST_FAILURE"]).unlink(missing_ok=True)  # a dead server's child's
-    environment["HARNESS_STARTED_AT"] = repr(time.time())
-    started = time.perf_counter()
-    process = subprocess.Popen(command, cwd=cwd, env=environment, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, start_new_session=True)
-    lower_priority(process.pid, niceness)
-    try:
-        stdout_text, stderr_text = process.communicate(timeout=time_limit)
-        returncode: int | None = process.returncode
-    except subprocess.TimeoutExpired:
-        _stop(process)
-        stdout_text, stderr_text = process.communicate()
-        returncode = None
-    return returncode, stdout_text + stderr_text, time.perf_counter() - started, launch
+            report_log.unlink(missing_ok=True)  # a dead server's child's
+    started_at = time.time()
+    finished = child_runs.run(command, cwd=cwd, environment=environment, time_limit=time_limit, niceness=niceness)
+    return finished.returncode, finished.output, finished.seconds, launch, started_at
 
 
 def judge(outcomes: list[Outcome]) -> list[Outcome]:

@@ -22,6 +22,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from harness.plugin.child_runs import lower_priority
+
 __all__ = ["ForkServer", "ForkServerUnavailable", "PRELOAD", "PER_RUN_VARIABLES", "available"]
 
 # What every child of the kill matrix imports before its first test, library code only (never a suite's test
@@ -40,8 +42,7 @@ PRELOAD: tuple[str, ...] = (
 )
 # The variables that differ between the runs of one matrix; every other variable of a request must be the
 # server's own (the libraries it imported read theirs at import time: OMP_NUM_THREADS, TORCHINDUCTOR_*).
-PER_RUN_VARIABLES = ("HARNESS_RUN_FIRST", "HARNESS_EXIT_ON_FIRST_FAILURE", "HARNESS_FIRST_FAILURE",
-                     "HARNESS_STARTED_AT")
+PER_RUN_VARIABLES = ("HARNESS_RUN_FIRST", "HARNESS_EXIT_ON_FIRST_FAILURE")
 # Each preloaded module was imported by the server, not by the child's pytest, so pytest cannot rewrite its
 # asserts and says so once per plugin module; the tests' own modules are still rewritten in the child.
 _CHILD_OPTIONS = ("-W", "ignore::pytest.PytestAssertRewriteWarning")
@@ -58,15 +59,6 @@ _POLL_SECONDS = 0.02
 def available() -> bool:
     """Whether this platform can fork a warm process at all (POSIX)."""
     return hasattr(os, "fork") and hasattr(os, "setsid") and hasattr(os, "killpg")
-
-
-def lower_priority(pid: int, niceness: int) -> None:
-    """Add ``niceness`` to the nice value of the just-started process ``pid``, which its later threads,
-    forks and children inherit; where the platform cannot, or the process is gone, it runs as it is."""
-    if niceness <= 0 or not hasattr(os, "setpriority"):
-        return
-    with contextlib.suppress(OSError):
-        os.setpriority(os.PRIO_PROCESS, pid, min(19, os.getpriority(os.PRIO_PROCESS, pid) + niceness))
 
 
 class ForkServerUnavailable(RuntimeError):
@@ -147,8 +139,7 @@ def _plugin_modules() -> list[str]:
     plugins = [after for word, after in zip(words, words[1:]) if word == "-p"]
     plugins += [word[2:] for word in words if word.startswith("-p") and len(word) > 2]  # -pno:NAME
     blocked = {plugin.removeprefix("no:") for plugin in plugins if plugin.startswith("no:")}
-    return modules + [entry.value.split(":")[0] for entry in entry_points(group="pytest11")
-                      if entry.name not in blocked]
+    return modules + [entry.module for entry in entry_points(group="pytest11") if entry.name not in blocked]
 
 
 def _skip_reason(error: BaseException, guard: _CudaGuard) -> str:

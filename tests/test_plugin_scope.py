@@ -149,3 +149,33 @@ def test_the_suites_activate_it_when_collected(pytester: pytest.Pytester, monkey
     assert re.search(r"^collected \d+ items\nharness: device=.*hypothesis profile=dev", output, re.MULTILINE), (
         output[:3000])
     assert "<Module test_breaks.py>" in output
+
+
+@pytest.mark.parametrize("autoload", ["on", "off"])
+def test_the_deprecated_plugin_name_still_loads_the_plugin_once(engine: pytest.Pytester, monkeypatch, autoload):
+    """An engine's ``pytest_plugins = ["harness.pytest_plugin"]`` (the name before 0.2) loads the plugin once,
+    with or without autoloading, and ``collect_suite`` is still importable from it, with a DeprecationWarning."""
+    if autoload == "off":
+        monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    engine.makeconftest('pytest_plugins = ["harness.pytest_plugin"]\n')
+    engine.makepyfile(test_alias='''
+import warnings
+
+import pytest
+
+
+def test_collect_suite_is_reachable_with_a_warning():
+    with pytest.warns(DeprecationWarning, match="import collect_suite from harness.plugin"):
+        from harness.pytest_plugin import collect_suite
+    from harness.plugin import collect_suite as current
+    assert collect_suite is current
+
+
+def test_the_plugin_is_registered_once(pytestconfig):
+    import harness.plugin
+
+    assert [p for p in pytestconfig.pluginmanager.get_plugins() if p is harness.plugin] == [harness.plugin]
+''')
+    result = engine.runpytest_subprocess("-p", "no:cacheprovider", "--device", "cpu", "test_alias.py")
+    result.assert_outcomes(passed=2)
+    assert "harness: device=cpu" in result.stdout.str()

@@ -157,8 +157,10 @@ def activate(config: pytest.Config) -> HarnessSession:
         raise pytest.UsageError(str(error)) from None
     session = config.stash[SESSION_KEY] = HarnessSession(placement.device, backend, selected,
                                                          os.environ.get("PYTHONPATH") or None)
-    # After every plugin (syrupy among them, in no set order), so that it overrides syrupy's fixture.
-    config.pluginmanager.register(_GoldenSnapshot(), "harness-golden-snapshot")
+    # After every plugin (syrupy among them, in no set order), so that it overrides syrupy's fixture; where syrupy
+    # is not loaded (autoloading off, no -p syrupy) an override would make pytest report a recursive dependency.
+    if config.pluginmanager.has_plugin("syrupy"):
+        config.pluginmanager.register(_GoldenSnapshot(), "harness-golden-snapshot")
     return session
 
 

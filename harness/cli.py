@@ -162,12 +162,25 @@ def _invoked_as() -> str:
     return name if name and name not in ("__main__.py", "-c") and not name.startswith("python") else "python -m harness"
 
 
+def _version() -> str:
+    """The installed distribution's version; a checkout on ``sys.path`` without an install has the package's."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("llm-graph-harness")
+    except importlib.metadata.PackageNotFoundError:
+        import harness
+
+        return harness.__version__
+
+
 def build_parser(prog: str = "python -m harness") -> argparse.ArgumentParser:
     """The command line of every subcommand but ``bench``, whose options :mod:`harness.bench.command` owns."""
     parser = argparse.ArgumentParser(
         prog=prog, description="Correctness harness for LLM-inference graph optimisations: list what can be "
                                "tested, run the mutant kill matrix, run benchmarks.",
         epilog=f"'{prog} COMMAND --help' describes each command.")
+    parser.add_argument("--version", action="version", version=f"llm-graph-harness {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     listing = commands.add_parser("list", help="list the components, their reference, oracle, suite and mutants")
     listing.add_argument("--component", action="append", help="limit to this component (repeatable)")

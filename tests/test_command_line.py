@@ -71,6 +71,9 @@ _USAGE_CASES = {
                                r"cannot be called as factory\(model, \*, buckets, graphs, strict_discovery=False\)"),
     "blob-other-version": (["--reproduce-failure", "0.0.1:AAAA"], {}, 4,
                            r"recorded with hypothesis 0.0.1, this is .*drop --reproduce-failure"),
+    "report-under-a-file": (["--harness-report", "pyproject.toml/report.json"], {}, 4,
+                            r"--harness-report pyproject.toml/report.json: .*pyproject.toml is a file"),
+    "report-is-a-folder": (["--harness-report", "suites"], {}, 4, r"--harness-report suites: .* is a folder"),
     "blob-malformed": (["--reproduce-failure", "not a blob"], {}, 4, r"expected VERSION:BLOB"),
     "blob-several-tests": (["--reproduce-failure", "1.0:AAAA"], {}, 4, r"one test's example, but \d+ tests"),
 }
@@ -208,3 +211,13 @@ def test_selfcheck_reports_a_surviving_mutant(monkeypatch):
     outcome = selfcheck.run_one(survivor, graph_backend="emulated", device="cpu", root=ROOT,
                                 extra_args=["-k", "frozen"])
     assert outcome.verdict == "survived" and not outcome.ok
+
+
+def test_version_names_the_distribution_and_its_version(capsys):
+    from harness import cli
+
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["--version"])
+    assert exited.value.code == 0
+    version = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.MULTILINE)[1]
+    assert capsys.readouterr().out.strip() == f"llm-graph-harness {version}"

@@ -5,7 +5,12 @@ corrupted files reported by name."""
 from __future__ import annotations
 
 import json
+import re
 
+# pytester's in-process runs restore sys.modules after each test, and the harness imports hypothesis when a run
+# activates it: imported here, outside those runs, hypothesis keeps one module for the whole session (as in any
+# test process whose own modules use it), not one per in-process run.
+import hypothesis  # noqa: F401
 import pytest
 import torch
 from syrupy.filters import props
@@ -183,6 +188,8 @@ def test_orphaned_golden_fails_the_run_also_for_a_given_folder(project, path_arg
     assert "kill_matrix" not in result.stdout.str()
     result.stdout.fnmatch_lines(["*ORPHANED golden golden/demo/test_demo/test_renamed.json*",
                                  "*ORPHANED golden golden/demo/test_removed/test_gone.json*"])
+    # the run's last line says why it failed, not only what passed
+    assert re.search(r"\b2 orphaned goldens\b", result.stdout.lines[-1]), result.stdout.lines[-1]
     project.runpytest("-p", "no:cacheprovider", "--snapshot-update", *path_argument)
     assert not orphan.exists() and not stale.exists() and other_tool.exists()
 

@@ -105,3 +105,24 @@ def test_syrupys_disabled_rule_banner_is_dropped_and_the_rest_kept():
     syrupy_7 = ["Unused snapshot detection is disabled (--snapshot-disable-unused). This is not recommended.",
                 "3 snapshots passed. 1 snapshot generated."]
     assert list(_WithoutBanner(_SyrupyReport(syrupy_7)).lines) == ["3 snapshots passed. 1 snapshot generated."]
+
+
+def test_an_interrupted_run_says_so(pytester: pytest.Pytester):
+    """A run stopped by Ctrl-C reports what finished, and says that it is not the whole run."""
+    pytester.makepyfile(test_stop="""
+def test_first(device):
+    pass
+
+
+def test_interrupted():
+    raise KeyboardInterrupt
+
+
+def test_never_reached():
+    pass
+""")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--device", "cpu")
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    output = result.stdout.str()
+    assert "harness run report" in output
+    assert "interrupted: the run stopped before its end" in output

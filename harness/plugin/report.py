@@ -10,12 +10,14 @@ import dataclasses
 import json
 import os
 import re
+import types
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from harness import observations
+from harness.errors import UsageError
 
 __all__ = ["RunReport", "format_text", "format_markdown", "annotations", "write_step_summary"]
 
@@ -41,6 +43,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     add_harness_option(
         parser, "--harness-report", metavar="PATH", default=None,
         help="also write the run report (setup, outcomes per component, errors per dtype, goldens) as JSON")
+
+
+def check_report_path(value: str, *, start: Path) -> None:
+    """Refuse, before any test runs, a ``--harness-report`` path the report could not be written to: a folder, or
+    a path under a file (relative paths from ``start``, the invocation folder)."""
+    path = start / value
+    if path.is_dir():
+        raise UsageError(f"--harness-report {value}: {path} is a folder; name the JSON file to write")
+    parent = path.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UsageError(f"--harness-report {value}: {parent} is a file, so nothing can be written under it; "
+                         "name a file in a folder")
 
 
 @pytest.hookimpl(trylast=True)  # after the harness plugin has resolved the device, where asked at start-up
@@ -243,9 +259,16 @@ class RunReport:
         terminalreporter.write_sep("=", "harness run report")
         for line in format_text(self.report).splitlines():
             terminalreporter.write_line(line)
-        if self.report["goldens"]["orphans"]:
+        orphans = self.report["goldens"]["orphans"]
+        if orphans:
             terminalreporter.write_line(
                 "orphaned goldens fail the run: delete them, or rerun with --snapshot-update", red=True)
+            # pytest's last line counts every category of its stats: it then names the orphans beside the passes
+            terminalreporter.stats.setdefault("orphaned goldens", []).extend(
+                types.SimpleNamespace(golden=name) for name in orphans)
+        if exitstatus == pytest.ExitCode.INTERRUPTED:
+            terminalreporter.write_line("interrupted: the run stopped before its end; these counts cover only the "
+                                        "tests that finished", red=True)
 
 
 class _WithoutBanner:

@@ -129,6 +129,10 @@ def activate(config: pytest.Config) -> HarnessSession:
         profiles.load_hypothesis_profile(config)
         if config.getoption("--reproduce-failure"):
             profiles.check_reproduce_failure(config.getoption("--reproduce-failure"))
+        if config.getoption("--harness-report", None):
+            from harness.plugin.report import check_report_path
+
+            check_report_path(config.getoption("--harness-report"), start=Path(config.invocation_params.dir))
         if config.getoption("--snapshot-update", False) and not hasattr(config.option, "disable_unused_snapshots"):
             # syrupy 5 has no switch for its own rule: an update would delete every golden this run does not
             # use, such as the capture matrix of another device and the compile accounting of other torch minors.

@@ -3,6 +3,7 @@ cannot drift apart (every step of the script runs in the workflow, and the workf
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / ".ci" / "gpu" / "run"
 WORKFLOW = ROOT / ".github" / "workflows" / "gpu.yml"
+GOLDEN_WORKFLOW = ROOT / ".github" / "workflows" / "golden.yml"
 
 
 def _script_steps() -> list[str]:
@@ -17,7 +19,7 @@ def _script_steps() -> list[str]:
 
 
 def test_the_workflow_runs_every_step_of_the_script_and_nothing_else():
-    workflow = WORKFLOW.read_text()
+    workflow = re.sub(r"^\s*#.*\n", "", WORKFLOW.read_text(), flags=re.MULTILINE)  # comments run nothing
     called = re.findall(r"\.ci/gpu/run [^\n]*--step (\w+)", workflow)
     assert sorted(called) == sorted(_script_steps()), (
         f"gpu.yml calls steps {sorted(called)}, .ci/gpu/run defines {sorted(_script_steps())}")
@@ -42,3 +44,20 @@ def test_the_script_parses_and_refuses_an_unknown_argument():
     assert subprocess.run(["bash", "-n", str(SCRIPT)]).returncode == 0
     completed = subprocess.run([str(SCRIPT), "--bogus"], capture_output=True, text=True)
     assert completed.returncode == 2 and "unknown argument '--bogus'" in completed.stderr
+
+
+def test_the_gpu_jobs_pin_the_torch_the_h200_baselines_were_recorded_on():
+    recorded = {json.loads(path.read_text())["environment"]["torch"].split("+")[0]
+                for path in sorted((ROOT / "harness" / "bench" / "baselines").glob("h200-*.json"))}
+    assert len(recorded) == 1, f"the H200 baselines were recorded on different torch versions: {recorded}"
+    for workflow in (WORKFLOW, GOLDEN_WORKFLOW):
+        text = workflow.read_text()
+        pins = re.findall(r'^  GPU_TORCH_VERSION: "([^"]+)"$', text, re.MULTILINE)
+        assert pins == list(recorded), (
+            f"{workflow.name}: GPU_TORCH_VERSION {pins}, the H200 baselines record torch {recorded}")
+        assert re.search(r'"\$VENV/bin/pip" install "torch==\$GPU_TORCH_VERSION"', text), (
+            f"{workflow.name} never installs torch==$GPU_TORCH_VERSION")
+    # Every venv of gpu.yml takes the pin, the sglang job's excepted (its torch is the one SGLang requires).
+    for install in re.findall(r'"\$VENV/bin/pip" install [^\n]*', WORKFLOW.read_text()):
+        assert "torch==$GPU_TORCH_VERSION" in install or "sglang==" in install, (
+            f"gpu.yml: a venv without the pinned torch: {install}")

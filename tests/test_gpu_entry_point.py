@@ -3,21 +3,33 @@ cannot drift apart (every step of the script runs in the workflow, and the workf
 
 from __future__ import annotations
 
+import json
+import math
+import os
 import re
 import subprocess
+from fractions import Fraction
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / ".ci" / "gpu" / "run"
 WORKFLOW = ROOT / ".github" / "workflows" / "gpu.yml"
+GOLDEN_WORKFLOW = ROOT / ".github" / "workflows" / "golden.yml"
 
 
 def _script_steps() -> list[str]:
     return re.findall(r"^command\[(\w+)\]=", SCRIPT.read_text(), re.MULTILINE)
 
 
+def _limits() -> dict[str, int]:
+    found = re.findall(r"^limit\[(\w+)\]=(\d+)", SCRIPT.read_text(), re.MULTILINE)
+    return {name: int(seconds) for name, seconds in found}
+
+
 def test_the_workflow_runs_every_step_of_the_script_and_nothing_else():
-    workflow = WORKFLOW.read_text()
+    workflow = re.sub(r"^\s*#.*\n", "", WORKFLOW.read_text(), flags=re.MULTILINE)  # comments run nothing
     called = re.findall(r"\.ci/gpu/run [^\n]*--step (\w+)", workflow)
     assert sorted(called) == sorted(_script_steps()), (
         f"gpu.yml calls steps {sorted(called)}, .ci/gpu/run defines {sorted(_script_steps())}")
@@ -28,7 +40,7 @@ def test_the_workflow_runs_every_step_of_the_script_and_nothing_else():
 
 def test_every_step_has_a_limit_and_the_limits_fit_one_device_call():
     text = SCRIPT.read_text()
-    limits = {name: int(seconds) for name, seconds in re.findall(r"^limit\[(\w+)\]=(\d+)", text, re.MULTILINE)}
+    limits = _limits()
     assert set(limits) == set(_script_steps())
     default = re.search(r"\|\| steps=\(([\w ]+)\)", text)[1].split()  # opt-in steps (sglang) run on their own
     # The whole check in one 10-minute call of a GPU machine, with half a minute for installing the wheels
@@ -42,3 +54,67 @@ def test_the_script_parses_and_refuses_an_unknown_argument():
     assert subprocess.run(["bash", "-n", str(SCRIPT)]).returncode == 0
     completed = subprocess.run([str(SCRIPT), "--bogus"], capture_output=True, text=True)
     assert completed.returncode == 2 and "unknown argument '--bogus'" in completed.stderr
+
+
+# A stand-in interpreter: every call is logged; the checkout's registration (`"$py" - SITE`) writes a
+# dist-info into the site it is given; torch "sees a GPU" and every step passes at once.
+FAKE_PYTHON = """#!/bin/sh
+echo "$*" >> "$FAKE_LOG"
+if [ "$1" = - ]; then mkdir "$2/llm_graph_harness-0.dist-info" && echo "$2" > "$FAKE_LOG.site"; fi
+exit 0
+"""
+
+
+def _run_with_a_fake_python(tmp_path: Path, scale: str, *steps: str) -> tuple[subprocess.CompletedProcess, Path]:
+    fake = tmp_path / "python"
+    fake.write_text(FAKE_PYTHON)
+    fake.chmod(0o755)
+    (tmp_path / "tmp").mkdir()
+    log = tmp_path / "calls.log"
+    env = {**os.environ, "PYTHON": str(fake), "FAKE_LOG": str(log), "TMPDIR": str(tmp_path / "tmp"),
+           "GPU_RUN_LIMIT_SCALE": scale, "GPU_RUN_WORKERS": "1"}
+    args = [str(SCRIPT), "--out", str(tmp_path / "out")]
+    for step in steps:
+        args += ["--step", step]
+    return subprocess.run(args, capture_output=True, text=True, env=env, timeout=120), log
+
+
+@pytest.mark.parametrize("scale", ["abc", "0", "0.0", "-1", "1e3"])
+def test_a_bad_limit_scale_is_refused_in_one_line_before_anything_is_installed(tmp_path, scale):
+    completed, log = _run_with_a_fake_python(tmp_path, scale, "tests")
+    assert completed.returncode == 2, completed.stdout + completed.stderr
+    assert completed.stdout == ""
+    assert len(completed.stderr.splitlines()) == 1 and "GPU_RUN_LIMIT_SCALE" in completed.stderr, completed.stderr
+    # Refused first: no interpreter call (the wheels' install, the registration), no scratch site, no report folder.
+    assert not log.exists(), log.read_text()
+    assert not any((tmp_path / "tmp").iterdir()) and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("scale", ["1", "1.5", "0.01"])
+def test_the_limit_scale_multiplies_every_limit_and_the_scratch_site_is_removed(tmp_path, scale):
+    limits = _limits()
+    completed, log = _run_with_a_fake_python(tmp_path, scale, "tests", "suites")
+    for step in ("tests", "suites"):
+        scaled = math.ceil(limits[step] * Fraction(scale))  # rounded up to whole seconds
+        assert f"=== {step} (limit {scaled} s)" in completed.stdout, completed.stdout + completed.stderr
+    # The run's own scratch site held the checkout's registration and is gone after the run.
+    site = Path((log.parent / (log.name + ".site")).read_text().strip())
+    assert site.parent == tmp_path / "tmp" and site.name.startswith("gpu-site.")
+    assert not site.exists() and not any((tmp_path / "tmp").iterdir())
+
+
+def test_the_gpu_jobs_pin_the_torch_the_h200_baselines_were_recorded_on():
+    recorded = {json.loads(path.read_text())["environment"]["torch"].split("+")[0]
+                for path in sorted((ROOT / "harness" / "bench" / "baselines").glob("h200-*.json"))}
+    assert len(recorded) == 1, f"the H200 baselines were recorded on different torch versions: {recorded}"
+    for workflow in (WORKFLOW, GOLDEN_WORKFLOW):
+        text = workflow.read_text()
+        pins = re.findall(r'^  GPU_TORCH_VERSION: "([^"]+)"$', text, re.MULTILINE)
+        assert pins == list(recorded), (
+            f"{workflow.name}: GPU_TORCH_VERSION {pins}, the H200 baselines record torch {recorded}")
+        assert re.search(r'"\$VENV/bin/pip" install "torch==\$GPU_TORCH_VERSION"', text), (
+            f"{workflow.name} never installs torch==$GPU_TORCH_VERSION")
+    # Every venv of gpu.yml takes the pin, the sglang job's excepted (its torch is the one SGLang requires).
+    for install in re.findall(r'"\$VENV/bin/pip" install [^\n]*', WORKFLOW.read_text()):
+        assert "torch==$GPU_TORCH_VERSION" in install or "sglang==" in install, (
+            f"gpu.yml: a venv without the pinned torch: {install}")

@@ -103,7 +103,7 @@ def test_plot_without_the_extra_is_a_usage_error_before_measuring(bench):
     except ImportError:
         completed = bench("runner", "--plot", "speedup.png")
         assert completed.returncode == 2
-        assert "pip install -e .[plot]" in completed.stderr and "Traceback" not in completed.stderr
+        assert "pip install 'llm-graph-harness[plot]'" in completed.stderr and "Traceback" not in completed.stderr
     else:
         pytest.skip("matplotlib is installed here: the missing-extra message cannot be shown")
 

@@ -52,7 +52,8 @@ def _shared_options() -> argparse.ArgumentParser:
     group.add_argument("--speedup-floor", type=float, default=baselines.Thresholds.speedup_floor,
                        help="smallest worsening of a model's mean speed-up that fails (default %(default)s; "
                             "counts fail on any change)")
-    group.add_argument("--plot", metavar="PNG", help="also plot the speed-ups (needs: pip install -e .[plot])")
+    group.add_argument("--plot", metavar="PNG",
+                       help="also plot the speed-ups (needs matplotlib: pip install 'llm-graph-harness[plot]')")
     return shared
 
 

@@ -218,7 +218,8 @@ def check_plot_extra() -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        raise UsageError("--plot needs matplotlib: pip install -e .[plot]") from None
+        raise UsageError("--plot needs matplotlib: pip install 'llm-graph-harness[plot]' "
+                         "(or matplotlib itself)") from None
 
 
 def plot_speedups(path: str | Path, *, title: str, xlabel: str,

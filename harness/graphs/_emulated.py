@@ -217,7 +217,7 @@ class EmulatedBackend(GraphBackend):
     warms_up_outside_the_graph = False
     warm_up_difference = (
         "the emulated backend does not model warm-up: its recording run stands in for it, so state created "
-        "lazily on the first call is created inside the graph (see harness/graphs/_emulated.py)"
+        "lazily on the first call is created inside the graph (see docs/graphs.md, Graph backends)"
     )
 
     def __init__(self, device: torch.device | str | None = None) -> None:

@@ -115,7 +115,7 @@ def test_graphs_captured_without_a_pool_do_not_share_memory(graph_capturer, grap
     captured with no pool are independent: replaying one never changes the other's output, even where
     the second's output could take the memory of the first's released intermediates."""
     if graph_backend.name == "emulated":
-        pytest.skip("the emulated backend does not model memory reuse inside a pool (harness/graphs/_emulated.py), "
+        pytest.skip("the emulated backend does not model memory reuse inside a pool (docs/graphs.md, Graph backends), "
                     "so graphs cannot overwrite each other's memory there")
     x, y = make_tensor(256, 256, seed=17), make_tensor(256, 256, seed=18)
     # The intermediate x * 2 is released during the first capture: a pool shared with the second

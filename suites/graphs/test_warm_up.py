@@ -4,7 +4,7 @@ Engines build rotary tables, workspaces and counters on first use. On CUDA the c
 runs the function eagerly first, so that state is allocated outside the graph and the graph only
 reads and updates it; created inside the capture instead, every replay would re-create it (a counter
 reset, a table rebuilt from whatever the weights are now). The emulated backend does not model this
-(see ``harness/graphs/_emulated.py``), so these tests skip there for that stated reason.
+(docs/graphs.md, *Graph backends*), so these tests skip there for that stated reason.
 """
 
 from __future__ import annotations

@@ -179,3 +179,50 @@ def test_the_plugin_is_registered_once(pytestconfig):
     result = engine.runpytest_subprocess("-p", "no:cacheprovider", "--device", "cpu", "test_alias.py")
     result.assert_outcomes(passed=2)
     assert "harness: device=cpu" in result.stdout.str()
+
+
+_CHECKOUT_PYPROJECT = """\
+[build-system]
+requires = ["setuptools"]
+
+[project]
+name = "{name}"
+version = "0.1.0"
+
+[tool.pytest.ini_options]
+addopts = "-p harness.plugin"
+"""
+
+
+@pytest.mark.parametrize("name", ["llm-graph-harness", "my-engine"], ids=["checkout", "other-project"])
+def test_a_checkout_whose_plugin_is_another_checkouts_is_refused_in_one_line(pytester: pytest.Pytester, monkeypatch,
+                                                                              name: str):
+    """A second checkout whose environment holds the first one's install: its runs would test the first
+    checkout's code with its suites and goldens, each test failing on the difference. The run stops at
+    activation, in one line naming both folders and the fix; a folder of another project is unaffected."""
+    import harness
+
+    for variable in ("CI", "HYPOTHESIS_PROFILE", "PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT"):
+        monkeypatch.delenv(variable, raising=False)
+    # The checkout is a folder below the run's working directory, which `python -m pytest` puts on sys.path: its
+    # harness/ (empty: no __init__.py) is never where `harness` is imported from, here or in the run's process.
+    checkout = pytester.mkdir("second-checkout")
+    (checkout / "pyproject.toml").write_text(_CHECKOUT_PYPROJECT.format(name=name))
+    (checkout / "harness").mkdir()
+    (checkout / "test_checkout.py").write_text("def test_runs():\n    pass\n")
+    installed = Path(harness.__file__).resolve().parent
+    assert not installed.is_relative_to(checkout.resolve())
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--device", "cpu", str(checkout))
+    output = result.stdout.str() + result.stderr.str()
+    if name != "llm-graph-harness":
+        assert result.ret == 0, output[-3000:]
+        result.assert_outcomes(passed=1)
+        assert "is a checkout of llm-graph-harness" not in output
+        return
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, output[-3000:]
+    lines = [line for line in output.splitlines() if "is a checkout of llm-graph-harness" in line]
+    assert len(lines) == 1, output[-3000:]
+    assert f"rootdir {checkout.resolve()} " in lines[0] and f" {installed}, outside it" in lines[0], lines[0]
+    assert lines[0].endswith(f"pip install -e {checkout.resolve()}"), lines[0]
+    assert "passed" not in output and "test_runs" not in output, output[-3000:]
+

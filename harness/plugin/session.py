@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,8 +24,16 @@ if TYPE_CHECKING:
 
     from harness.graphs import GraphBackend
 
-__all__ = ["HarnessSession", "SESSION_KEY", "activate", "current_session", "in_suites", "session_of",
-           "use_harness_orphan_rule", "uses_harness_fixtures", "wanted_at_start"]
+__all__ = ["HarnessSession", "SESSION_KEY", "activate", "check_plugin_checkout", "current_session", "in_suites",
+           "is_harness_checkout", "session_of", "use_harness_orphan_rule", "uses_harness_fixtures", "wanted_at_start"]
+
+# The harness package this plugin belongs to (harness/plugin/session.py -> harness/).
+_PACKAGE = Path(__file__).resolve().parents[1]
+_PROJECT = "llm-graph-harness"
+# pyproject.toml read with regular expressions (tomllib is Python 3.11+): the [project] table up to the next
+# table, and its name, compared as PEP 503 normalises names.
+_PROJECT_TABLE = re.compile(r"^\[project\][ \t]*(?:#.*)?$(?P<body>.*?)(?=^[ \t]*\[|\Z)", re.MULTILINE | re.DOTALL)
+_PROJECT_NAME = re.compile(r"""^[ \t]*name[ \t]*=[ \t]*(["'])(?P<name>[^"'\n]*)\1""", re.MULTILINE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +58,32 @@ def session_of(config: pytest.Config) -> HarnessSession:
 def current_session(config: pytest.Config) -> HarnessSession | None:
     """This run's :class:`HarnessSession`, or None where the harness is not active (an unrelated run)."""
     return config.stash.get(SESSION_KEY, None)
+
+
+def is_harness_checkout(folder: Path) -> bool:
+    """Whether ``folder`` is a checkout of this project: a ``pyproject.toml`` whose ``[project]`` is named
+    llm-graph-harness, and a ``harness/`` folder."""
+    try:
+        text = (folder / "pyproject.toml").read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return False
+    table = _PROJECT_TABLE.search(text)
+    name = _PROJECT_NAME.search(table["body"]) if table else None
+    return (name is not None and re.sub(r"[-_.]+", "-", name["name"]).lower() == _PROJECT
+            and (folder / "harness").is_dir())
+
+
+def check_plugin_checkout(rootdir: Path) -> None:
+    """Refuse a run in a checkout of this project whose plugin (and ``harness`` package) lies outside it:
+    another checkout's editable install in this environment, or another checkout on ``PYTHONPATH``. The
+    run would test the other checkout's code with this one's suites, every test failing on the difference
+    (hypothesis health checks, goldens that do not exist) and none saying why."""
+    root = rootdir.resolve()
+    if is_harness_checkout(root) and not _PACKAGE.is_relative_to(root):
+        raise UsageError(f"this run's rootdir {root} is a checkout of {_PROJECT}, but the harness plugin and package "
+                         f"it loaded are {_PACKAGE}, outside it (another checkout, installed in this environment or on "
+                         f"PYTHONPATH): this checkout's code would not be what runs; install this checkout in this "
+                         f"environment: pip install -e {root}")
 
 
 def _set_up_xdist_worker() -> None:
@@ -119,6 +154,10 @@ def activate(config: pytest.Config) -> HarnessSession:
     now on. Called before the suites' modules are imported (their ``@settings`` read the profile)."""
     if SESSION_KEY in config.stash:
         return config.stash[SESSION_KEY]
+    try:
+        check_plugin_checkout(config.rootpath)
+    except HarnessError as error:
+        raise pytest.UsageError(str(error)) from None
     import torch
 
     from harness.graphs import backend_for

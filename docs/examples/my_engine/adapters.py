@@ -29,8 +29,9 @@ class Adapter:
 
     def replay(self, batch):
         out = self.inner.replay(batch)
-        # the bucket holding the batch's rows: its real tokens plus any padding it arrived with
-        bucket = self.bucket_for(batch.num_tokens + batch.num_padding)
+        # the bucket the engine replayed, not one worked out here from this batch's rows: under tensor
+        # parallelism every rank pads to the largest rank's rows, which this rank's batch does not show
+        bucket = self.inner.last_capture_size
         self.stats.replays += 1
         self.stats.replays_by_bucket[bucket] = self.stats.replays_by_bucket.get(bucket, 0) + 1
         return out

@@ -93,7 +93,8 @@ def test_every_benchmark_lists_shared_and_own_options(bench):
             bench(name, "--help")
         assert exited.value.code == 0
         text = command.build_parser()._subparsers._group_actions[0].choices[name].format_help()
-        for option in ("--device", "--graph-backend", "--impl", "--json", "--repeat", "--baseline", own):
+        for option in ("--device", "--graph-backend", "--impl", "--json", "--repeat", "--baseline", "--record-baseline",
+                       own):
             assert option in text, (name, option)
 
 
@@ -163,3 +164,64 @@ def test_a_raising_implementation_is_one_line(bench, tmp_path, monkeypatch):
     assert completed.stderr.strip() == (
         "error: bench gather: the candidate implementation raised on its first call (index count 1, with_hidden=True): "
         "RuntimeError: kernel not built for this device (at raising_gather.py:2)")
+
+
+TINY_GATHER = ["gather", "--device", "cpu", "--counts", "1", "--pool", "64", "--hidden-size", "64"]
+
+
+@pytest.fixture
+def engine_gather(tmp_path, monkeypatch) -> str:
+    """A correct gather that is not the reference, as an engine's own module: one ``index_select`` per buffer."""
+    (tmp_path / "my_engine_gather.py").write_text(
+        "import torch\n\n\n"
+        "def gather(indices, topk_p_buf, topk_index_buf, output_tokens_buf, hidden_states_buf):\n"
+        "    def pick(buf):\n"
+        "        return torch.index_select(buf, 0, indices)\n"
+        "    hidden = None if hidden_states_buf is None else pick(hidden_states_buf)\n"
+        "    return pick(topk_p_buf), pick(topk_index_buf), pick(output_tokens_buf), hidden\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return "gather=my_engine_gather:gather"
+
+
+def test_an_engine_records_its_own_baseline_then_passes_it(bench, tmp_path, engine_gather):
+    path = tmp_path / "engine" / "baselines" / "gather-cpu.json"  # folders are made
+    recorded = bench(*TINY_GATHER, "--impl", engine_gather, "--record-baseline", str(path))
+    assert recorded.returncode == 0, recorded.stdout + recorded.stderr
+    report = json.loads(path.read_text())
+    # a baseline is a --json report: the committed ones' format, of the implementation under test
+    committed = json.loads((locations.baselines_dir() / "emulated-gather.json").read_text())
+    assert report.keys() == committed.keys() and report["implementation"] == "my_engine_gather:gather"
+    assert report["figures"]["candidate/hidden/1/launches"]["value"] == 4  # its own counts: one op per buffer
+    gate = recorded.stdout.splitlines()[-1].split("then gate later runs with: ")[1]
+    assert shlex.split(gate)[-4:] == ["--impl", engine_gather, "--baseline", str(path)]
+    rerun = bench(*shlex.split(gate)[4:])  # the command it names, as printed
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    assert "no regression: 6 gated findings" in rerun.stdout
+
+
+def test_a_correct_engine_gather_fails_the_references_baseline(bench, engine_gather):
+    """Why an engine records its own: the committed baseline holds the reference's counts (issue 33, row 2)."""
+    completed = bench("gather", "--device", "cpu", "--impl", engine_gather, "--baseline", "emulated-gather")
+    assert completed.returncode == 1, completed.stdout + completed.stderr
+    assert "changed    candidate/hidden/1/launches: 0 -> 4" in completed.stdout
+    assert "REGRESSION: 9 of 18 gated findings" in completed.stdout
+
+
+@pytest.mark.parametrize("where", ["with-baseline", "folder", "under-a-file"])
+def test_record_baseline_is_refused_before_measuring(bench, monkeypatch, tmp_path, where):
+    from harness.bench import gather as gather_bench
+
+    monkeypatch.setattr(gather_bench, "run", lambda *args, **kwargs: pytest.fail("measured before refusing"))
+    (tmp_path / "a-file").write_text("")
+    arguments, message = {
+        "with-baseline": (["--record-baseline", str(tmp_path / "new.json"), "--baseline", "emulated-gather"],
+                          "record a baseline in one run, gate on it with --baseline in later runs"),
+        "folder": (["--record-baseline", str(tmp_path)], f"{tmp_path} is a folder; name the JSON file to write"),
+        "under-a-file": (["--record-baseline", str(tmp_path / "a-file" / "sub" / "gather.json")],
+                         f"{tmp_path / 'a-file'} is a file, so nothing can be written under it"),
+    }[where]
+    completed = bench(*TINY_GATHER, *arguments)
+    assert completed.returncode == 2 and completed.stdout == ""
+    (line,) = completed.stderr.splitlines()
+    assert line.startswith("error: --record-baseline ") and message in line
+    assert not (tmp_path / "new.json").exists()

@@ -115,14 +115,57 @@ def test_a_run_of_a_mutant_reports_the_clause_it_breaks(tmp_path):
     assert "test_break_output_change_at_replay_raises_then_recovers" in failure["nodeid"]
     assert failure["message"] and "--impl graphs=mutant:structure-change-accepted" in failure["reproduce"]
     assert report.headline(CORE) == "core: VIOLATED (results can be wrong): changes-raise"
-    # A line for a committed report: nothing of this machine's checkout or interpreter in it, and run from a
-    # checkout it reproduces the failure.
+    # A line for a committed report: nothing of this machine's checkout or interpreter in it, the test named as
+    # installed suites have it (a wheel has no ./suites), and run from a checkout it reproduces the failure.
     assert str(ROOT) not in failure["reproduce"] and sys.executable not in failure["reproduce"]
-    assert "python -m pytest './suites/graphs/" in failure["reproduce"] and "--rootdir . " in failure["reproduce"]
+    assert "python -m pytest --pyargs 'harness.suites.graphs." in failure["reproduce"]
+    assert "--rootdir" not in failure["reproduce"]
     rerun = subprocess.run(failure["reproduce"], shell=True, cwd=ROOT, capture_output=True, text=True, timeout=300,
                            env={**os.environ, "PATH": os.pathsep.join([str(Path(sys.executable).parent),
                                                                        os.environ.get("PATH", "")])})
     assert rerun.returncode == 1 and "1 failed" in rerun.stdout, rerun.stdout[-3000:] + rerun.stderr[-2000:]
+
+
+# The first reproduce line as the H200 recorded it in docs/conformance/sglang-0.5.23-gather.md, before lines were
+# made portable; the second with a virtual environment's site-packages on PYTHONPATH.
+H200_LINES = [
+    "PYTHONPATH=/work/main/.sglang:/work/main:/tmp/gpu-site:/tmp/gpu-site:/work/main /opt/torch/.venv/bin/python3 -m "
+    "pytest '/work/main/suites/gather/test_contract.py::test_matches_eager_oracle_over_the_contract[hidden]' "
+    "--rootdir /work/main --device cuda --graph-backend cuda --impl gather=sglang --hypothesis-profile ci "
+    "--reproduce-failure 6.168.3:AEEBQgFCQQRBBUEEQQtBAUECQQZBAkEBQQNBA0EEQQBBAkIMpEEAQQE=",
+    "PYTHONPATH=/tmp/gpu-site:/opt/torch/.venv/lib/python3.12/site-packages /opt/torch/.venv/bin/python3 -m pytest "
+    "'/work/main/suites/gather/test_contract.py::test_strided_and_offset_sources[row-strided]' --rootdir /work/main "
+    "--device cuda --graph-backend cuda --impl gather=sglang --hypothesis-profile ci",
+]
+
+
+def test_a_report_built_from_host_paths_has_none_left(tmp_path):
+    """_portable, as run_conformance applies it: the interpreter, site folders and the checkout leave the report."""
+    lines = [conformance._portable(line, Path("/work/main")) for line in H200_LINES]
+    assert lines[0] == (
+        "PYTHONPATH=.sglang:. python -m pytest --pyargs "
+        "'harness.suites.gather.test_contract::test_matches_eager_oracle_over_the_contract[hidden]' --device cuda "
+        "--graph-backend cuda --impl gather=sglang --hypothesis-profile ci "
+        "--reproduce-failure 6.168.3:AEEBQgFCQQRBBUEEQQtBAUECQQZBAkEBQQNBA0EEQQBBAkIMpEEAQQE=")
+    assert lines[1].startswith("python -m pytest --pyargs 'harness.suites.gather.test_contract::test_strided_")
+    records = [{"collected": f"suites/toy/test_a.py::test_{n}", "clause": "stale"} for n in (1, 2)]
+    records += [{"nodeid": f"suites/toy/test_a.py::test_{n}", "when": "call", "outcome": "failed", "clause": "stale",
+                 "message": "MismatchError", "example": "", "reproduce": line} for n, line in zip((1, 2), lines)]
+    report = conformance.build_report(records, TABLE, component="toy", spec="sglang", kind="adapter", engine="",
+                                      device="cuda", graph_backend="cuda", environment={}, command="pytest suites/toy")
+    markdown, document = conformance.write_report(report, tmp_path)
+    for written in (markdown.read_text(), document.read_text(), conformance.format_text(report)):
+        for host_path in ("/opt/torch", "/tmp/gpu-site", "/work/main", "site-packages", "--rootdir"):
+            assert host_path not in written
+        assert "python -m pytest --pyargs 'harness.suites.gather.test_contract::" in written
+
+
+def test_a_wheels_suites_are_named_as_installed():
+    """In a wheel the suites' root is the installed package: the same --pyargs name."""
+    package = "/venv/lib/python3.11/site-packages/harness"
+    line = conformance._portable(f"PYTHONPATH=/home/me/engine /venv/bin/python -m pytest {package}/suites/graphs/"
+                                 f"test_programs.py::test_x --rootdir {package} --device cpu", Path(package))
+    assert line == "python -m pytest --pyargs harness.suites.graphs.test_programs::test_x --device cpu"
 
 
 def test_a_bad_spec_is_one_line_before_any_suite_runs(capsys):
@@ -150,3 +193,21 @@ def test_a_suite_past_its_time_limit_is_stopped_with_its_workers_and_the_report_
     report.stopped = "stopped at the time limit of 3 s"
     assert not report.ok and "INCOMPLETE: stopped at the time limit" in conformance.format_text(report)
     assert "**incomplete**: stopped" in conformance.format_markdown(report)
+
+
+def test_the_suites_child_gets_a_pythonpath_that_names_the_folder_it_was_given_in(monkeypatch, tmp_path):
+    """The child pytest runs in the suites' root: PYTHONPATH=. of the engine's folder must still name that folder."""
+    started = []
+
+    def run(command, *, cwd, environment, time_limit):
+        started.append(environment)
+        return child_runs.ChildRun(2, "no tests ran", 0.0)
+
+    monkeypatch.setattr(child_runs, "run", run)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([".", "src", *filter(None, [os.environ.get("PYTHONPATH")])]))
+    with pytest.raises(conformance.HarnessError, match="the suite did not run"):
+        conformance.run_conformance(component="graphs", spec="reference", device="cpu", graph_backend="emulated",
+                                    root=ROOT)
+    (environment,) = started
+    assert environment["PYTHONPATH"].split(os.pathsep)[:2] == [str(tmp_path), str(tmp_path / "src")]

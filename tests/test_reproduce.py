@@ -142,3 +142,55 @@ def test_golden_hint_at_quiet_verbosity(outside):
     output = _pytest(["suites/runner/test_goldens.py::test_capture_plan[dense]", "-q", "-p", "no:cacheprovider",
                       "--impl", "runner=outside_runner:make_runner"], cwd=ROOT, PYTHONPATH=str(outside))
     assert "--snapshot-update" in _sections(output, "golden").get("test_capture_plan[dense]", ""), output[-4000:]
+
+
+def test_a_relative_pythonpath_is_made_absolute_so_the_line_reruns_from_elsewhere(outside, tmp_path):
+    """``PYTHONPATH=.`` in the engine's folder, as a user types it: the pasted line must still find the module."""
+    nodeid = "suites/runner/test_goldens.py::test_capture_plan[dense]"
+    output = _pytest([f"{ROOT}/{nodeid}", "-p", "no:cacheprovider", "--impl", "runner=outside_runner:make_runner"],
+                     cwd=outside, PYTHONPATH=".")
+    line = _sections(output, "reproduce").get("test_capture_plan[dense]")
+    assert line, output[-4000:]
+    expected_path = os.pathsep.join(p for p in (str(outside.resolve()), HARNESS_PYTHONPATH) if p)
+    assert shlex.split(line)[0] == f"PYTHONPATH={expected_path}", line
+    elsewhere = tmp_path / "a" / "new" / "shell"
+    elsewhere.mkdir(parents=True)
+    again = _shell(f"{line} -p no:cacheprovider", cwd=elsewhere)
+    assert "No module named" not in again and re.search(r"\b1 failed\b", again), again[-4000:]
+    assert FAILURES[nodeid] in again, again[-4000:]
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    (".", "/engine"),
+    ("src:/opt/site:../shared", "/engine/src:/opt/site:/shared"),
+    ("/abs/a::b/", "/abs/a:/engine:/engine/b"),  # an empty entry is the current folder to Python
+    ("./x/../y", "/engine/y"),
+])
+def test_absolute_pythonpath(value, expected):
+    from harness.plugin.failures import absolute_pythonpath
+
+    assert absolute_pythonpath(value.replace(":", os.pathsep), "/engine") == expected.replace(":", os.pathsep)
+
+
+@pytest.mark.parametrize("checkout", [True, False], ids=["checkout", "wheel"])
+def test_rootdir_only_for_a_checkouts_suites(monkeypatch, tmp_path, checkout):
+    """A wheel's suite file is named by its absolute path, without a --rootdir (the engine's folder the run
+    started in, which need not exist where the line is pasted)."""
+    import types
+
+    from harness import locations
+    from harness.devices import resolve
+    from harness.graphs import backend_for
+    from harness.plugin import failures
+    from harness.plugin.session import SESSION_KEY, HarnessSession
+
+    monkeypatch.setattr(locations, "is_checkout", lambda: checkout)
+    session = HarnessSession(torch.device("cpu"), backend_for(resolve(device="cpu", graph_backend="emulated")),
+                             {"gather": "my_engine:gather"}, "src")
+    config = types.SimpleNamespace(rootpath=tmp_path / "engine", invocation_params=types.SimpleNamespace(dir=tmp_path),
+                                   stash={SESSION_KEY: session}, getoption=lambda name, default=None: default)
+    installed = "/venv/lib/python3.11/site-packages/harness/suites/gather/test_contract.py::test_x[hidden]"
+    words = shlex.split(failures.reproduce_command(config, installed))
+    assert words[0] == f"PYTHONPATH={tmp_path / 'src'}" and words[4] == installed
+    assert ("--rootdir" in words) == checkout
+    assert words[words.index("--impl") + 1] == "gather=my_engine:gather"

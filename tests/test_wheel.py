@@ -154,9 +154,10 @@ def _check_outside_modules(python: Path, env: dict[str, str], tmp_path: Path) ->
                  "-k", "typical or strided or every_dtype", *_CPU],
                 cwd=tmp_path, env=env)
     assert good.returncode == 0, (good.stdout + good.stderr)[-5000:]
-    # The broken one through the engine's own test tree (the one-file conftest.py), stopping at its first failure.
+    # The broken one through the engine's own test tree (the one-file conftest.py), stopping at its first failure,
+    # with the engine's folder on PYTHONPATH as a user types it there: relative.
     broken = _run([str(python), "-m", "pytest", "tests", "-p", "no:cacheprovider", "-x",
-                   "--impl", "gather=engine_ops:broken_gather", *_CPU], cwd=engine, env=env)
+                   "--impl", "gather=engine_ops:broken_gather", *_CPU], cwd=engine, env={**env, "PYTHONPATH": "."})
     output = broken.stdout + broken.stderr
     assert broken.returncode == 1, output[-5000:]
     assert "MismatchError" in output, output[-5000:]
@@ -166,6 +167,14 @@ def _check_outside_modules(python: Path, env: dict[str, str], tmp_path: Path) ->
     assert reproduce, output[-5000:]
     assert "site-packages/harness/suites/gather/test_" in reproduce[1]
     assert "--impl gather=engine_ops:broken_gather" in reproduce[1]
+    # pasted into a new shell in another folder, it reruns the failure: PYTHONPATH absolute, no --rootdir of the
+    # engine's folder, the installed suite file by its absolute path
+    assert reproduce[1].startswith(f"PYTHONPATH={engine.resolve()} ") and "--rootdir" not in reproduce[1]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    pasted = _run(["bash", "-c", f"{reproduce[1]} -p no:cacheprovider"], cwd=elsewhere,
+                  env={key: value for key, value in env.items() if key != "PYTHONPATH"})
+    assert pasted.returncode == 1 and "MismatchError" in pasted.stdout, (pasted.stdout + pasted.stderr)[-5000:]
     assert re.search(r"^  gather +1 failed$", output, re.MULTILINE), output[-3000:]
 
 

@@ -11,6 +11,7 @@ import os
 import shlex
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from harness import impls, locations
@@ -44,6 +45,9 @@ def _shared_options() -> argparse.ArgumentParser:
     group.add_argument("--baseline", metavar="PATH",
                        help="compare with this report of the same device class, a file or the name of a committed "
                             "baseline (emulated-gather, h200-runner, ...); exit 1 on a regression")
+    group.add_argument("--record-baseline", metavar="PATH",
+                       help="write this run's report as a baseline of the implementation under test (the file "
+                            "--json writes), for later runs' --baseline PATH; not with --baseline")
     group.add_argument("--time-floor", type=float, default=baselines.Thresholds.floor,
                        help="smallest relative change of a time or single speed-up reported as slower or faster "
                             "(default %(default)s; reported, never failed)")
@@ -88,9 +92,10 @@ def _implementations(options: list[str], components: Sequence[str]) -> dict[str,
     return {spec: impls.load(component, spec)}
 
 
-def _matching_command(options: argparse.Namespace, baseline: dict[str, Any]) -> str | None:
+def _matching_command(options: argparse.Namespace, baseline: dict[str, Any], *, path: str | None = None) -> str | None:
     """The bench command line that measures what ``baseline`` holds (its benchmark, device class and
-    settings), with this run's implementation; None for a baseline this version cannot read back."""
+    settings), with this run's implementation, gated on ``path`` (default: this run's ``--baseline``);
+    None for a baseline this version cannot read back."""
     name = baseline.get("benchmark")
     try:
         module = importlib.import_module(BENCHMARKS[name])
@@ -100,7 +105,7 @@ def _matching_command(options: argparse.Namespace, baseline: dict[str, Any]) -> 
         return None
     impl = [word for spec in options.impl if spec.partition("=")[0] in module.COMPONENTS for word in ("--impl", spec)]
     words = ["python", "-m", "harness", "bench", name, "--device", "cuda" if where.startswith("cuda") else "cpu",
-             "--graph-backend", backend, *arguments, *impl, "--baseline", options.baseline]
+             "--graph-backend", backend, *arguments, *impl, "--baseline", path or options.baseline]
     gpu = where.removeprefix("cuda:") if where.startswith("cuda:") else None
     return shlex.join(words) + (f" (on an {gpu})" if gpu else "")
 
@@ -116,10 +121,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
+def check_record_path(value: str) -> None:
+    """Refuse, before measuring, a ``--record-baseline`` path the report could not be written to: a folder, a
+    path under a file, or a folder this user cannot write in (missing folders are made when writing)."""
+    path = Path(value).absolute()
+    if path.is_dir():
+        raise UsageError(f"--record-baseline {value}: {path} is a folder; name the JSON file to write")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise UsageError(f"--record-baseline {value}: {path} is not writable")
+    parent = path.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UsageError(f"--record-baseline {value}: {parent} is a file, so nothing can be written under it; "
+                         "name a file in a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"--record-baseline {value}: the folder {parent} is not writable")
+
+
 def _run(options: argparse.Namespace) -> int:
     module = importlib.import_module(BENCHMARKS[options.benchmark])
     if options.repeat is not None and options.repeat < 1:
         raise UsageError(f"--repeat {options.repeat}: need at least one sample")
+    if options.record_baseline is not None:
+        if options.baseline is not None:
+            raise UsageError(f"--record-baseline {options.record_baseline} with --baseline {options.baseline}: "
+                             "record a baseline in one run, gate on it with --baseline in later runs")
+        check_record_path(options.record_baseline)
     placement = resolve(device=options.device, graph_backend=options.graph_backend)
     device, backend_name = placement.device, placement.graph_backend
     use_one_compile_worker(os.environ)  # the benchmarks time replays and count compiles; a pool only slows start-up
@@ -154,6 +182,15 @@ def _run(options: argparse.Namespace) -> int:
     if options.json:
         write_json(report, options.json)
         print(f"wrote {options.json}")
+    if options.record_baseline:
+        try:
+            Path(options.record_baseline).absolute().parent.mkdir(parents=True, exist_ok=True)
+            write_json(report, options.record_baseline)
+        except OSError as error:  # checked before measuring; a read-only file system, a full disk
+            raise UsageError(f"--record-baseline {options.record_baseline}: {error}") from None
+        gate = _matching_command(options, report, path=options.record_baseline)
+        print(f"recorded the baseline of {spec} in {options.record_baseline}; commit it, then gate later runs with: "
+              f"{gate}")
     if options.plot:
         module.plot(result, options.plot)
         print(f"wrote {options.plot}")

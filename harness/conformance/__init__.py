@@ -11,6 +11,7 @@ import importlib
 import json
 import os
 import re
+import shlex
 import sys
 import tempfile
 from pathlib import Path
@@ -23,6 +24,7 @@ from harness.conformance import clauses as _clauses
 from harness.devices import resolve
 from harness.errors import HarnessError
 from harness.plugin import child_runs
+from harness.plugin.failures import absolute_pythonpath
 
 __all__ = ["ClauseResult", "ConformanceReport", "run_conformance", "build_report", "format_text",
            "format_markdown", "write_report"]
@@ -134,6 +136,8 @@ def run_conformance(*, component: str, spec: str, device: str = "auto", graph_ba
                        "--hypothesis-profile", hypothesis_profile, *(extra_args or []),
                        *(["-n", str(jobs)] if jobs > 1 else [])])
         environment = dict(os.environ, HARNESS_CONFORMANCE_RECORD=str(record_path))
+        if environment.get("PYTHONPATH"):  # the child runs in root: a relative entry must keep naming this folder's
+            environment["PYTHONPATH"] = absolute_pythonpath(environment["PYTHONPATH"], Path.cwd())
         finished = child_runs.run(command, cwd=root, environment=environment, time_limit=time_limit)
         returncode, output = finished.returncode, finished.output
         records = child_runs.read_report_log(record_path) + [
@@ -145,8 +149,10 @@ def run_conformance(*, component: str, spec: str, device: str = "auto", graph_ba
     if (not stopped and returncode not in (0, 1)) or not any("nodeid" in r for r in records):
         tail = [line for line in output.strip().splitlines() if line.strip()][-3:]
         raise HarnessError(f"the suite did not run (pytest exit {returncode}): " + " | ".join(tail or ["(no output)"]))
-    display = " ".join(["pytest", row.suite, "--impl", f"{component}={spec}", "--device", resolved.type,
-                        "--graph-backend", backend, "--hypothesis-profile", hypothesis_profile])
+    # the suite by its package name, as a wheel and a checkout's editable install both have it
+    display = " ".join(["pytest", "--pyargs", "harness." + row.suite.replace("/", "."),
+                        "--impl", f"{component}={spec}", "--device", resolved.type, "--graph-backend", backend,
+                        "--hypothesis-profile", hypothesis_profile])
     report = build_report(records, clause_table, component=component, spec=spec, kind=implementation.kind,
                           engine=_engine(component, spec), device=resolved.type, graph_backend=backend,
                           environment=_environment(resolved), command=display)
@@ -157,10 +163,66 @@ def run_conformance(*, component: str, spec: str, device: str = "auto", graph_ba
 
 
 def _portable(command: str, root: Path) -> str:
-    """A reproduce line as a reader of a committed report runs it from their checkout: the checkout's paths
-    relative to it (``.``), the interpreter ``python``; paths outside the checkout are left as they were."""
-    command = re.sub(rf"(?<![\w/.-]){re.escape(sys.executable)}(?=\s)", "python", command)
-    return re.sub(rf"(?<![\w/.-]){re.escape(str(root))}(?=[/:\s'\"]|$)", ".", command)
+    """A reproduce line as a reader of a committed report runs it, with nothing of this machine in it.
+
+    - the test as ``--pyargs harness.suites.COMPONENT.MODULE::TEST``, a name that exists wherever the suites are
+      installed (a wheel's ``site-packages/harness/suites``, a checkout's editable install), without ``--rootdir``
+      (a checkout's pytest settings come from the ini file above the suite, a wheel has none);
+    - the interpreter as ``python``, whichever path it ran from (``/opt/torch/.venv/bin/python3``);
+    - ``PYTHONPATH`` with the entries inside the checkout only, relative to it (``.sglang:.``; run from the
+      checkout) and each once: entries elsewhere are this machine's site folders (a virtual environment,
+      carried wheels in ``/tmp/gpu-site``) or modules, which the reader's own environment provides.
+
+    Other words are kept, with the checkout's path made ``.``; a line that is not a shell command line is
+    only given that replacement and the interpreter's."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        words = []
+    if "-m" not in words[1:] or words[words.index("-m") + 1: words.index("-m") + 2] != ["pytest"]:
+        command = re.sub(rf"(?<![\w/.-]){re.escape(sys.executable)}(?=\s)", "python", command)
+        return re.sub(rf"(?<![\w/.-]){re.escape(str(root))}(?=[/:\s'\"]|$)", ".", command)
+    interpreter = words.index("-m") - 1
+    assignments, arguments = words[:interpreter], words[interpreter + 3:]
+    prefix = []
+    for assignment in assignments:
+        name, _, value = assignment.partition("=")
+        if name == "PYTHONPATH":
+            inside = [_relative(Path(entry), root) for entry in value.split(os.pathsep) if entry]
+            kept = list(dict.fromkeys(entry for entry in inside if entry is not None))
+            if kept:
+                prefix.append(f"PYTHONPATH={os.pathsep.join(kept)}")
+        else:
+            prefix.append(assignment)
+    portable: list[str] = []
+    skip = False
+    for word in arguments:
+        if skip:
+            skip = False
+        elif word == "--rootdir":
+            skip = True
+        elif word.startswith("--rootdir="):
+            pass
+        else:
+            portable += _portable_argument(word, root)
+    return " ".join([*map(shlex.quote, prefix), shlex.join(["python", "-m", "pytest", *portable])])
+
+
+def _relative(path: Path, root: Path) -> str | None:
+    """``path`` relative to the checkout ``root`` (``.`` for the root itself), None outside it."""
+    if not path.is_absolute() or not path.is_relative_to(root):
+        return None
+    return os.path.relpath(path, root)
+
+
+def _portable_argument(word: str, root: Path) -> list[str]:
+    """A test of the suites as ``--pyargs`` and its node id; another word with the checkout's path made ``.``."""
+    path, separator, rest = word.partition("::")
+    relative = _relative(Path(path), root)
+    if relative is not None and relative.startswith("suites/") and relative.endswith(".py"):
+        module = "harness." + relative.removesuffix(".py").replace("/", ".")
+        return ["--pyargs", f"{module}{separator}{rest}"]
+    return [re.sub(rf"(?<![\w/.-]){re.escape(str(root))}(?=[/:=]|$)", ".", word)]
 
 
 def _record(report: dict[str, Any]) -> dict[str, Any]:

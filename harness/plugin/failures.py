@@ -2,26 +2,37 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from harness import locations
 from harness.devices import EXPERTS_IMPLEMENTATIONS, experts_implementation
 from harness.plugin.session import SESSION_KEY, session_of
 
-__all__ = ["annotate_failure", "failure_context", "file_node_id", "reproduce_command"]
+__all__ = ["absolute_pythonpath", "annotate_failure", "failure_context", "file_node_id", "reproduce_command"]
+
+
+def absolute_pythonpath(value: str, start: str | Path) -> str:
+    """``PYTHONPATH`` as this interpreter read it, every entry absolute: a relative entry (``.``, ``src``) and an
+    empty one (the current folder, to Python) are taken from ``start``, the folder the run was started in, so
+    that a line carrying it finds the same modules when pasted in another folder."""
+    return os.pathsep.join(os.path.normpath(os.path.join(start, entry)) for entry in value.split(os.pathsep))
 
 
 def reproduce_command(config: pytest.Config, nodeid: str, *, replay: tuple[str, str] | None = None,
                       seed: str | None = None) -> str:
     """The command line that reruns test ``nodeid`` as this session ran it, from any directory.
 
-    It starts with ``PYTHONPATH=...`` when that is set and this session's interpreter (``python -m
-    pytest``), names the test by absolute path with ``--rootdir`` (so the root conftest and the pytest
-    options of the project apply wherever it is run), the device, backend and implementations, the
+    It starts with ``PYTHONPATH=...`` when that is set (each entry absolute, see :func:`absolute_pythonpath`)
+    and this session's interpreter (``python -m pytest``), names the test by absolute path, with ``--rootdir``
+    for a test of a checkout (so the root conftest and the pytest options of the project apply wherever it is
+    run; not for an installed wheel's suites), the device, backend and implementations, the
     hypothesis profile, and, for a hypothesis failure, ``--reproduce-failure VERSION:BLOB`` (replays
     the falsifying example without the local example database, no search, no shrinking) or the
     ``--hypothesis-seed`` that found it. ``nodeid`` may start with the test file's absolute path (see
@@ -33,10 +44,17 @@ def reproduce_command(config: pytest.Config, nodeid: str, *, replay: tuple[str, 
     root = config.rootpath
     path, sep, rest = nodeid.partition("::")
     # The interpreter that ran this session (its environment has the harness and the implementations),
-    # and PYTHONPATH, through which an outside --impl module may have been found: pasteable in a new shell.
-    prefix = [f"PYTHONPATH={session.pythonpath}"] if session.pythonpath else []
-    parts = [sys.executable, "-m", "pytest", f"{root / path}{sep}{rest}", "--rootdir", str(root),
-             "--device", session.device.type, "--graph-backend", session.backend.name]
+    # and PYTHONPATH, through which an outside --impl module may have been found, its entries absolute:
+    # pasteable in a new shell in any folder.
+    start = config.invocation_params.dir
+    prefix = [f"PYTHONPATH={absolute_pythonpath(session.pythonpath, start)}"] if session.pythonpath else []
+    parts = [sys.executable, "-m", "pytest", f"{root / path}{sep}{rest}"]
+    # --rootdir brings a checkout's conftest and settings to its tests; an installed wheel's suite file, named by
+    # its absolute path, needs none, and this run's rootdir (the folder it started in) may not exist where the
+    # line is pasted
+    if locations.is_checkout():
+        parts += ["--rootdir", str(root)]
+    parts += ["--device", session.device.type, "--graph-backend", session.backend.name]
     for component, spec in session.impl_specs.items():
         parts += ["--impl", f"{component}={spec}"]
     if config.getoption("--tp", 2) != 2:

@@ -10,12 +10,14 @@ from typing import Any
 
 from harness.impls import check_signature, describe, require_callable, require_members, smoke_step
 
-__all__ = ["validate_runner_factory", "RUNNER_MEMBERS", "RUNNER_METHODS"]
+__all__ = ["validate_runner_factory", "fixed_capture_plan", "RUNNER_MEMBERS", "RUNNER_METHODS"]
 
 _FACTORY = "factory(model, *, buckets, graphs, strict_discovery=False)"
 # The runner interface of docs/runner.md.
 RUNNER_MEMBERS = ("discovery", "buckets", "stats")
 RUNNER_METHODS = ("bucket_for", "can_run", "run", "replay", "capture_plan")
+# What docs/runner.md fixes of each bucket's entry in capture_plan()["graphs"]; a runner may add more.
+CAPTURE_PLAN_FIXED = ("segments", "breaks")
 _SMOKE_BUCKETS = (4,)
 _SMOKE_LENGTHS = [3]
 
@@ -46,3 +48,22 @@ def validate_runner_factory(candidate: Any, spec: str, *, smoke: bool = True) ->
     batch = ForwardBatch.from_lengths(_SMOKE_LENGTHS, vocab_size=config.vocab_size, seed=0)
     smoke_step(spec, f"runner.run(one request of {_SMOKE_LENGTHS[0]} tokens)", lambda: runner.run(batch))
     return candidate
+
+
+def fixed_capture_plan(plan: Any) -> dict[str, dict[str, Any]]:
+    """The part of a runner's ``capture_plan()`` that the contract fixes, for goldens and exact comparisons:
+    ``{"<bucket>": {"segments": int, "breaks": int}}``. docs/runner.md asks for *at least* that, so other
+    top-level keys and other keys of a bucket's entry (an engine's own bookkeeping) are left out; a missing
+    one is an AssertionError saying what the contract asks for."""
+    graphs = plan.get("graphs") if isinstance(plan, dict) else None
+    if not isinstance(graphs, dict):
+        raise AssertionError(f"capture_plan() returned {plan!r}: docs/runner.md asks for at least "
+                             '{"graphs": {"<bucket>": {"segments": int, "breaks": int}, ...}}')
+    fixed = {}
+    for bucket, entry in graphs.items():
+        missing = [key for key in CAPTURE_PLAN_FIXED if not isinstance(entry, dict) or key not in entry]
+        if missing:
+            raise AssertionError(f"capture_plan()['graphs'][{bucket!r}] is {entry!r}, without {', '.join(missing)}: "
+                                 'docs/runner.md asks for at least {"segments": int, "breaks": int} per bucket')
+        fixed[str(bucket)] = {key: entry[key] for key in CAPTURE_PLAN_FIXED}
+    return fixed

@@ -1,8 +1,8 @@
 """Golden snapshots (syrupy) as readable JSON, tensors compared within their dtype's tolerance.
 
 Safe to use: :class:`GoldenExtension` (the ``snapshot`` fixture's extension), :func:`versioned_golden`,
-:func:`drift_events` and :func:`find_orphans`. The README's Goldens section states the matching and
-update rules."""
+:func:`golden_root`, :func:`drift_events` and :func:`find_orphans`. The README's Goldens section states the
+matching and update rules, and where an engine keeps goldens of its own (``--golden-dir``)."""
 
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ __all__ = [
     "configure_goldens",
     "drift_events",
     "find_orphans",
+    "golden_root",
     "versioned_golden",
 ]
 
@@ -57,6 +58,7 @@ class DriftEvent:
 class _Session:
     device_class: str = "cpu"
     update: bool = False
+    golden_dir: Path | None = None  # an engine's own golden folder (--golden-dir), else None: golden/ beside suites/
     events: list[DriftEvent] = dataclasses.field(default_factory=list)
 
 
@@ -72,10 +74,27 @@ def device_class(device: torch.device | str) -> str:
     return f"cuda-sm{major}{minor}"
 
 
-def configure_goldens(*, device_class: str, update: bool) -> None:
-    """Called once per pytest process: the class whose digests this run checks, and update mode."""
-    _SESSION.device_class, _SESSION.update = device_class, update
+def configure_goldens(*, device_class: str, update: bool, golden_dir: Path | None = None) -> None:
+    """Called once per pytest process: the class whose digests this run checks, update mode, and the folder of
+    an engine's own goldens (``--golden-dir``: absolute; None for the ``golden/`` folder beside ``suites/``)."""
+    _SESSION.device_class, _SESSION.update, _SESSION.golden_dir = device_class, update, golden_dir
     _SESSION.events.clear()
+
+
+def golden_root(test_file: os.PathLike[str] | str) -> Path:
+    """The folder holding the goldens of the test module ``test_file``, mirroring the suites below it.
+
+    The engine's own folder when one is configured (``--golden-dir`` or the ini's ``harness_golden_dir``),
+    else the ``golden/`` folder beside the ``suites/`` folder the module lies in (a checkout's, or an
+    installed wheel's ``harness/golden``); a module outside any ``suites/`` keeps its goldens in a
+    ``golden/`` folder next to it, whatever is configured."""
+    parts = Path(test_file).parts
+    if "suites" not in parts[:-1]:
+        return Path(test_file).parent / "golden"
+    if _SESSION.golden_dir is not None:
+        return _SESSION.golden_dir
+    index = len(parts) - 2 - parts[-2::-1].index("suites")
+    return Path(*parts[:index]) / "golden"
 
 
 def drift_events() -> list[DriftEvent]:
@@ -286,7 +305,8 @@ def _dump(data: Any) -> str:
 
 
 class GoldenExtension(SingleFileSnapshotExtension):
-    """Syrupy extension: JSON text files under ``golden/``, tolerance-aware for tensors.
+    """Syrupy extension: JSON text files under ``golden/`` (or the engine's own folder, :func:`golden_root`),
+    tolerance-aware for tensors.
 
     Safe to override: :meth:`dirname` (where files go) and :meth:`serialize` (what is stored).
     """
@@ -298,11 +318,11 @@ class GoldenExtension(SingleFileSnapshotExtension):
     def dirname(cls, *, test_location: Any) -> str:
         test_file = Path(test_location.filepath)
         parts = test_file.parts
-        if "suites" not in parts:  # a test outside suites/ keeps its goldens next to it
-            return str(test_file.parent / "golden" / test_location.basename)
-        index = len(parts) - 1 - parts[::-1].index("suites")
-        root, inner = Path(*parts[:index]), Path(*parts[index + 1:-1])
-        return str(root / "golden" / inner / test_location.basename)
+        if "suites" not in parts[:-1]:  # a test outside suites/ keeps its goldens next to it
+            return str(golden_root(test_file) / test_location.basename)
+        index = len(parts) - 2 - parts[-2::-1].index("suites")
+        inner = Path(*parts[index + 1:-1])  # the module's folder below suites/: gather, runner/architectures
+        return str(golden_root(test_file) / inner / test_location.basename)
 
     def serialize(self, data: Any, *, exclude: PropertyFilter | None = None, include: PropertyFilter | None = None,
                   matcher: PropertyMatcher | None = None, **_: Any) -> str:
@@ -415,28 +435,30 @@ def versioned_golden(snapshot: Any, *, prefix: str, version: tuple[int, ...]) ->
     return chosen
 
 
-def find_orphans(*, root: Path, collected: Mapping[str, Iterable[str]], scopes: Iterable[str]) -> list[Path]:
+def find_orphans(*, root: Path, collected: Mapping[str, Iterable[str]], scopes: Iterable[str],
+                 golden_dir: Path | None = None) -> list[Path]:
     """Golden files no test owns, within the suite folders or modules that were run.
 
     ``collected`` maps a test module (``suites/runner/test_goldens.py``, relative to ``root``) to
     the names of its collected tests (before any ``-k`` deselection); ``scopes`` are the suite
     folders or modules given on the command line. A golden is an orphan when its module is gone
-    from a folder in scope, or its module was collected and has no test of that name.
+    from a folder in scope, or its module was collected and has no test of that name. ``golden_dir``: the
+    folder of the goldens in effect, when not ``root / "golden"`` (an engine's own, ``--golden-dir``).
     """
-    golden_root, suites_root = root / "golden", root / "suites"
+    goldens, suites_root = golden_dir or root / "golden", root / "suites"
     orphans: list[Path] = []
     modules = {Path(module).with_suffix(""): _snapshot_names_used(names) for module, names in collected.items()}
     for scope in sorted(set(scopes)):
         relative = Path(scope).relative_to("suites") if Path(scope).parts[:1] == ("suites",) else None
         if relative is None:
             continue
-        folder = golden_root / relative.with_suffix("") if scope.endswith(".py") else golden_root / relative
+        folder = goldens / relative.with_suffix("") if scope.endswith(".py") else goldens / relative
         if not folder.is_dir():
             continue
         for path in sorted(folder.rglob("*.json")):
             if not path.parent.name.startswith("test_"):
                 continue  # not a snapshot (those live in a folder per test module): e.g. selfcheck's kill matrix
-            module_dir = path.parent.relative_to(golden_root)  # runner/test_goldens
+            module_dir = path.parent.relative_to(goldens)  # runner/test_goldens
             module = Path("suites") / module_dir
             if not (suites_root / module_dir).with_suffix(".py").is_file():
                 orphans.append(path)  # the test module was deleted or renamed

@@ -28,6 +28,7 @@ pytest_plugins = ["harness.plugin.report", "harness.plugin.timeouts"]
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     options.add_options(parser)
+    options.add_ini_settings(parser)
 
 
 # Declared here rather than in a project's configuration, so that the suites run the same from a checkout and

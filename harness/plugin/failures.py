@@ -33,7 +33,8 @@ def reproduce_command(config: pytest.Config, nodeid: str, *, replay: tuple[str, 
     and this session's interpreter (``python -m pytest``), names the test by absolute path, with ``--rootdir``
     for a test of a checkout (so the root conftest and the pytest options of the project apply wherever it is
     run; not for an installed wheel's suites), the device, backend and implementations, the
-    hypothesis profile, and, for a hypothesis failure, ``--reproduce-failure VERSION:BLOB`` (replays
+    hypothesis profile, the engine's own golden folder (``--golden-dir``, absolute, also where the ini
+    named it), and, for a hypothesis failure, ``--reproduce-failure VERSION:BLOB`` (replays
     the falsifying example without the local example database, no search, no shrinking) or the
     ``--hypothesis-seed`` that found it. ``nodeid`` may start with the test file's absolute path (see
     :func:`file_node_id`).
@@ -59,6 +60,8 @@ def reproduce_command(config: pytest.Config, nodeid: str, *, replay: tuple[str, 
         parts += ["--impl", f"{component}={spec}"]
     if config.getoption("--tp", 2) != 2:
         parts += ["--tp", str(config.getoption("--tp"))]
+    if session.golden_dir is not None:  # the ini that may have named it is not read from another folder
+        parts += ["--golden-dir", str(session.golden_dir)]
     parts += ["--hypothesis-profile", current_hypothesis_profile()]
     if experts_implementation() != EXPERTS_IMPLEMENTATIONS[0]:
         parts += ["--experts-implementation", experts_implementation()]
@@ -103,6 +106,44 @@ def _is_golden_mismatch(item: pytest.Item, report: pytest.TestReport) -> bool:
     return message.startswith("assert") and re.search(r"\bsnapshot\b", message, re.IGNORECASE) is not None
 
 
+def _shown(path: Path, config: pytest.Config) -> str:
+    """``path`` as a user types it where pytest ran: relative below the invocation folder, else absolute."""
+    start = Path(config.invocation_params.dir).resolve()
+    path = path.resolve()
+    return os.path.relpath(path, start) if path.is_relative_to(start) else str(path)
+
+
+def _golden_hint(item: pytest.Item, update: str) -> str:
+    """How to act on a failed golden, naming the folder that holds it: the engine's own (``--golden-dir``),
+    a checkout's ``golden/``, or an installed harness's, which ``--snapshot-update`` does not write."""
+    from harness.golden import golden_root
+
+    folder = golden_root(item.path)
+    shown = _shown(folder, item.config) + "/"
+    executions = getattr(getattr(item, "funcargs", {}).get("snapshot"), "executions", None)
+    failed = [result for result in (executions.values() if isinstance(executions, dict) else ())
+              if not getattr(result, "success", True) and getattr(result, "snapshot_location", None)]
+    files = [Path(result.snapshot_location) for result in failed]
+    named = ", ".join(_shown(path, item.config) for path in files) or f"its golden file under {shown}"
+    session = session_of(item.config)
+    packaged = (session.golden_dir is None and not locations.is_checkout()
+                and folder.resolve().is_relative_to(locations.project_root()))
+    if packaged:
+        return (f"the output does not match {named}, a golden of the installed harness, which --snapshot-update "
+                "does not rewrite. If your implementation differs from the reference where the contract leaves it "
+                "open, keep goldens of your own: record them with\n"
+                f"  {update} --snapshot-update --golden-dir PATH\n"
+                "then review and commit PATH, and run with --golden-dir PATH (or harness_golden_dir = PATH in your "
+                "pytest ini); if not, the implementation changed behaviour.")
+    if files and not any(path.is_file() for path in files):
+        return (f"no golden {named} in {shown}. Record it with\n  {update} --snapshot-update\n"
+                f"then review `git status {shown}` and commit the golden with the change.")
+    return (f"the output does not match {named} (goldens in {shown}). If the change is intended, rewrite the "
+            f"golden with\n  {update} --snapshot-update\n"
+            f"then review `git diff {shown}` and commit the golden with the change; "
+            "if not, the implementation changed behaviour.")
+
+
 def file_node_id(item: pytest.Item) -> str:
     """The item's node id anchored at its file: the id relative to the rootdir where the file lies in it,
     else the file's absolute path and the names inside it (an installed wheel's suites are outside the
@@ -129,10 +170,7 @@ def annotate_failure(item: pytest.Item, report: pytest.TestReport) -> None:
     sections = [("reproduce", command)]
     if report.when == "call" and "snapshot" in getattr(item, "fixturenames", ()) and _is_golden_mismatch(item, report):
         update = reproduce_command(item.config, nodeid)
-        sections.append(("golden", "the output does not match its golden file under golden/. If the change is "
-                                   f"intended, rewrite the golden with\n  {update} --snapshot-update\n"
-                                   "then review `git diff golden/` and commit the golden with the change; "
-                                   "if not, the implementation changed behaviour."))
+        sections.append(("golden", _golden_hint(item, update)))
     for title, content in sections:
         if hasattr(report.longrepr, "addsection"):
             report.longrepr.addsection(title, content)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import os
 import shlex
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,10 +15,13 @@ import pytest
 from harness import impls
 from harness.devices import BACKEND_CHOICES, DEVICE_CHOICES, EXPERTS_IMPLEMENTATIONS, EXPERTS_VARIABLE
 
-__all__ = ["add_harness_option", "add_options", "given_options"]
+__all__ = ["GOLDEN_DIR_INI", "add_harness_option", "add_ini_settings", "add_options", "given_golden_dir",
+           "given_options"]
 
 # Every option of the harness (flag -> default), filled by add_harness_option: one given activates the harness.
 _OPTION_DEFAULTS: dict[str, Any] = {}
+# The ini setting naming an engine's own golden folder (``--golden-dir`` wins over it).
+GOLDEN_DIR_INI = "harness_golden_dir"
 
 
 def add_harness_option(parser: pytest.Parser, *names: str, **attrs: Any) -> None:
@@ -47,6 +51,30 @@ def add_options(parser: pytest.Parser) -> None:
     option("--reproduce-failure", metavar="VERSION:BLOB", default=None,
            help="replay one falsifying example of the one selected hypothesis test, as hypothesis's "
                 "@reproduce_failure(VERSION, BLOB) would; the reproduce line of a failure gives it")
+    option("--golden-dir", metavar="PATH", default=None,
+           help="keep the suites' goldens in PATH (an engine's own, mirroring the suites' layout) instead of the "
+                f"harness's golden/ folder: read there, written there by --snapshot-update (ini: {GOLDEN_DIR_INI}; "
+                "relative to the current folder)")
+
+
+def add_ini_settings(parser: pytest.Parser) -> None:
+    """The harness's ini settings (they activate nothing: an engine's unrelated runs may read the same ini)."""
+    parser.addini(GOLDEN_DIR_INI, default="",
+                  help="the folder of an engine's own goldens (as --golden-dir, which wins), relative to this file's "
+                       "folder")
+
+
+def given_golden_dir(config: pytest.Config) -> Path | None:
+    """The folder of this run's own goldens, absolute: ``--golden-dir`` (relative to the invocation folder), else the
+    ini's ``harness_golden_dir`` (relative to the ini file's folder), else None (the harness's ``golden/``)."""
+    given = config.getoption("--golden-dir", None)
+    if given:
+        return (Path(config.invocation_params.dir) / given).resolve()
+    setting = str(config.getini(GOLDEN_DIR_INI) or "").strip()
+    if not setting:
+        return None
+    base = config.inipath.parent if config.inipath is not None else config.rootpath
+    return (base / setting).resolve()
 
 
 def given_options(config: pytest.Config) -> list[str]:

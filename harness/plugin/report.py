@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import importlib
 import json
 import os
 import re
@@ -25,10 +26,10 @@ _WORKER_KEY = "harness_report"
 
 
 def _golden() -> Any:
-    # torch and syrupy load with the report's first use in an active run, not with the plugin
-    from harness import golden
-
-    return golden
+    # torch and syrupy load with the report's first use in an active run, not with the plugin. The module in
+    # sys.modules, the one the snapshot fixture's extension uses (not a stale attribute of the harness package
+    # after pytester's in-process runs restored sys.modules).
+    return importlib.import_module("harness.golden")
 
 
 def _torch() -> Any:
@@ -131,7 +132,8 @@ class RunReport:
             device = _harness_session(self.config).device
             golden = _golden()
             golden.configure_goldens(device_class=golden.device_class(device),
-                                     update=bool(self.config.getoption("--snapshot-update", False)))
+                                     update=bool(self.config.getoption("--snapshot-update", False)),
+                                     golden_dir=_harness_session(self.config).golden_dir)
             observations.reset()
             self.started = True
         return self.started
@@ -158,8 +160,9 @@ class RunReport:
             scopes.append(resolved.relative_to(root).as_posix() or ".")
         if "." in scopes:
             scopes = ["suites"]
-        orphans = _golden().find_orphans(root=root, collected=self.collected, scopes=scopes)
-        names = [path.relative_to(root).as_posix() for path in orphans]
+        orphans = _golden().find_orphans(root=root, collected=self.collected, scopes=scopes,
+                                         golden_dir=_harness_session(self.config).golden_dir)
+        names = [path.relative_to(root).as_posix() if path.is_relative_to(root) else str(path) for path in orphans]
         if self.config.getoption("--snapshot-update", False):
             for path in orphans:
                 path.unlink()

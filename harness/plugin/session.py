@@ -16,7 +16,7 @@ import pytest
 from harness import impls, locations
 from harness.devices import EXPERTS_VARIABLE, experts_implementation, resolve, use_one_compile_worker
 from harness.errors import HarnessError, UsageError
-from harness.plugin.options import given_options
+from harness.plugin.options import GOLDEN_DIR_INI, given_golden_dir, given_options
 
 if TYPE_CHECKING:
     import torch
@@ -24,8 +24,9 @@ if TYPE_CHECKING:
 
     from harness.graphs import GraphBackend
 
-__all__ = ["HarnessSession", "SESSION_KEY", "activate", "check_plugin_checkout", "current_session", "in_suites",
-           "is_harness_checkout", "session_of", "use_harness_orphan_rule", "uses_harness_fixtures", "wanted_at_start"]
+__all__ = ["HarnessSession", "SESSION_KEY", "activate", "check_golden_dir", "check_plugin_checkout",
+           "current_session", "in_suites", "is_harness_checkout", "session_of", "use_harness_orphan_rule",
+           "uses_harness_fixtures", "wanted_at_start"]
 
 # The harness package this plugin belongs to (harness/plugin/session.py -> harness/).
 _PACKAGE = Path(__file__).resolve().parents[1]
@@ -44,6 +45,7 @@ class HarnessSession:
     backend: GraphBackend
     impl_specs: dict[str, str]  # component -> spec, only those given with --impl
     pythonpath: str | None = None  # PYTHONPATH at start-up, through which an --impl module may be found
+    golden_dir: Path | None = None  # an engine's own golden folder (--golden-dir, harness_golden_dir), absolute
 
 
 SESSION_KEY = pytest.StashKey[HarnessSession]()
@@ -147,6 +149,26 @@ def use_harness_orphan_rule(config: pytest.Config) -> None:
     config.option.warn_unused_snapshots = True
 
 
+def check_golden_dir(config: pytest.Config) -> Path | None:
+    """The engine's own golden folder in effect (:func:`harness.plugin.options.given_golden_dir`), checked: not a
+    file, and, under ``--snapshot-update``, the goldens written never inside an installed harness: a wheel's
+    ``harness/golden`` is the harness's, shared by every run of the environment, and replaced by the next install.
+    Raises :class:`UsageError` (one line)."""
+    folder = given_golden_dir(config)
+    source = "--golden-dir" if config.getoption("--golden-dir", None) else GOLDEN_DIR_INI
+    if folder is not None and folder.exists() and not folder.is_dir():
+        raise UsageError(f"{source} {folder}: not a folder; name the folder that holds (or will hold) your goldens")
+    if config.getoption("--snapshot-update", False) and not locations.is_checkout():
+        packaged = locations.project_root()
+        if folder is None or folder.is_relative_to(packaged):
+            where = packaged / "golden" if folder is None else folder
+            raise UsageError(
+                f"--snapshot-update would write the goldens into the installed harness ({where}); keep goldens of "
+                f"your own: add --golden-dir PATH (e.g. --golden-dir tests/harness-goldens), or {GOLDEN_DIR_INI} = "
+                "PATH in your pytest ini, record them with --snapshot-update and commit them")
+    return folder
+
+
 def activate(config: pytest.Config) -> HarnessSession:
     """Start the harness in this run, once: validate its options (a bad one is a usage error, not a failure
     in every test), load its hypothesis profile, set torch's threads, syrupy's options, the environment
@@ -179,6 +201,7 @@ def activate(config: pytest.Config) -> HarnessSession:
                              "--snapshot-disable-unused): syrupy 5 deletes every golden the run does not use, such as "
                              "those recorded on another device or torch version; upgrade it first: "
                              "pip install 'syrupy>=6'")
+        golden_dir = check_golden_dir(config)
         use_harness_orphan_rule(config)
         # In the environment, so that child processes (kill matrix, subprocess cases) build the same stacks.
         os.environ[EXPERTS_VARIABLE] = experts_implementation(config.getoption("--experts-implementation"))
@@ -199,7 +222,7 @@ def activate(config: pytest.Config) -> HarnessSession:
     except HarnessError as error:
         raise pytest.UsageError(str(error)) from None
     session = config.stash[SESSION_KEY] = HarnessSession(placement.device, backend, selected,
-                                                         os.environ.get("PYTHONPATH") or None)
+                                                         os.environ.get("PYTHONPATH") or None, golden_dir)
     # After every plugin (syrupy among them, in no set order), so that it overrides syrupy's fixture; where syrupy
     # is not loaded (autoloading off, no -p syrupy) an override would make pytest report a recursive dependency.
     if config.pluginmanager.has_plugin("syrupy"):
@@ -211,8 +234,9 @@ class _GoldenSnapshot:
     @pytest.fixture
     def snapshot(self, snapshot: SnapshotAssertion, request: pytest.FixtureRequest) -> SnapshotAssertion:
         """Syrupy's snapshot; for the harness's suites, writing their readable JSON goldens (tensors
-        compared within tolerance) in the ``golden/`` folder beside ``suites/``. Other tests of the
-        session (an engine's own) keep syrupy's default."""
+        compared within tolerance) in the ``golden/`` folder beside ``suites/``, or in the engine's own folder
+        (``--golden-dir``, ``harness_golden_dir``). Other tests of the session (an engine's own) keep syrupy's
+        default."""
         from harness.golden import GoldenExtension
 
         return snapshot.use_extension(GoldenExtension) if in_suites(request.path) else snapshot

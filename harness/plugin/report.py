@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 
 from harness import observations
-from harness.errors import UsageError
 
 __all__ = ["RunReport", "format_text", "format_markdown", "annotations", "write_step_summary"]
 
@@ -44,20 +43,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     add_harness_option(
         parser, "--harness-report", metavar="PATH", default=None,
         help="also write the run report (setup, outcomes per component, errors per dtype, goldens) as JSON")
-
-
-def check_report_path(value: str, *, start: Path) -> None:
-    """Refuse, before any test runs, a ``--harness-report`` path the report could not be written to: a folder, or
-    a path under a file (relative paths from ``start``, the invocation folder)."""
-    path = start / value
-    if path.is_dir():
-        raise UsageError(f"--harness-report {value}: {path} is a folder; name the JSON file to write")
-    parent = path.parent
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise UsageError(f"--harness-report {value}: {parent} is a file, so nothing can be written under it; "
-                         "name a file in a folder")
 
 
 @pytest.hookimpl(trylast=True)  # after the harness plugin has resolved the device, where asked at start-up

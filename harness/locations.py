@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import os
 from pathlib import Path
 
 from harness.errors import UsageError
 
-__all__ = ["suites_dir", "project_root", "is_checkout", "baselines_dir", "resolve_baseline"]
+__all__ = ["suites_dir", "project_root", "is_checkout", "baselines_dir", "resolve_baseline", "check_writable_file"]
 
 _PACKAGE = Path(__file__).resolve().parent
 
@@ -55,3 +56,22 @@ def resolve_baseline(value: str) -> Path:
     if path.name == str(value) and packaged.is_file():
         return packaged
     return path  # read_json names the missing file
+
+
+def check_writable_file(option: str, value: str, *, start: Path) -> None:
+    """Refuse, before any work, a path given to ``option`` that a file cannot be written to: a folder, a path under
+    a file, or a folder this user cannot write in (missing folders are made when writing). Relative paths are
+    from ``start``. The error is one line naming the option and the obstacle."""
+    path = start / value
+    if path.is_dir():
+        raise UsageError(f"{option} {value}: {path} is a folder; name the JSON file to write")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise UsageError(f"{option} {value}: {path} is not writable")
+    parent = path.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UsageError(f"{option} {value}: {parent} is a file, so nothing can be written under it; "
+                         "name a file in a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"{option} {value}: the folder {parent} is not writable")

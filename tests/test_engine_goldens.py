@@ -15,6 +15,9 @@ from pathlib import Path
 import hypothesis  # noqa: F401
 import pytest
 
+# the demo suite of the golden tests: one snapshot of a tensor and a plan
+from test_golden import _SUITE
+
 from harness.runner.candidate import fixed_capture_plan
 
 pytest_plugins = ["pytester"]
@@ -43,15 +46,6 @@ def snapshot(snapshot):
     return snapshot.use_extension(GoldenExtension)
 '''
 
-_SUITE = '''
-import torch
-import pytest
-
-@pytest.mark.parametrize("shift", [0.0])
-def test_logits(snapshot, shift):
-    torch.manual_seed(0)
-    assert {"logits": torch.randn(4, 5) + shift, "plan": {"segments": 3}} == snapshot
-'''
 
 
 @pytest.fixture

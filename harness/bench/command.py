@@ -121,24 +121,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
-def check_record_path(value: str) -> None:
-    """Refuse, before measuring, a ``--record-baseline`` path the report could not be written to: a folder, a
-    path under a file, or a folder this user cannot write in (missing folders are made when writing)."""
-    path = Path(value).absolute()
-    if path.is_dir():
-        raise UsageError(f"--record-baseline {value}: {path} is a folder; name the JSON file to write")
-    if path.exists() and not os.access(path, os.W_OK):
-        raise UsageError(f"--record-baseline {value}: {path} is not writable")
-    parent = path.parent
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise UsageError(f"--record-baseline {value}: {parent} is a file, so nothing can be written under it; "
-                         "name a file in a folder")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise UsageError(f"--record-baseline {value}: the folder {parent} is not writable")
-
-
 def _run(options: argparse.Namespace) -> int:
     module = importlib.import_module(BENCHMARKS[options.benchmark])
     if options.repeat is not None and options.repeat < 1:
@@ -147,7 +129,7 @@ def _run(options: argparse.Namespace) -> int:
         if options.baseline is not None:
             raise UsageError(f"--record-baseline {options.record_baseline} with --baseline {options.baseline}: "
                              "record a baseline in one run, gate on it with --baseline in later runs")
-        check_record_path(options.record_baseline)
+        locations.check_writable_file("--record-baseline", options.record_baseline, start=Path.cwd())
     placement = resolve(device=options.device, graph_backend=options.graph_backend)
     device, backend_name = placement.device, placement.graph_backend
     use_one_compile_worker(os.environ)  # the benchmarks time replays and count compiles; a pool only slows start-up

@@ -14,10 +14,9 @@ import pytest
 
 from harness import impls
 from harness.devices import BACKEND_CHOICES, DEVICE_CHOICES, EXPERTS_IMPLEMENTATIONS, EXPERTS_VARIABLE
-from harness.errors import UsageError
 
 __all__ = ["GOLDEN_DIR_INI", "add_harness_option", "add_ini_settings", "add_options", "given_golden_dir",
-           "given_options", "check_report_path"]
+           "given_options"]
 
 # Every option of the harness (flag -> default), filled by add_harness_option: one given activates the harness.
 _OPTION_DEFAULTS: dict[str, Any] = {}
@@ -86,17 +85,3 @@ def given_options(config: pytest.Config) -> list[str]:
     return [flag for flag, default in _OPTION_DEFAULTS.items()
             if config.getoption(flag, default) != default
             or any(word == flag or word.startswith(flag + "=") for word in words)]
-
-
-def check_report_path(value: str, *, start: Path) -> None:
-    """Refuse, before any test runs, a ``--harness-report`` path the report could not be written to: a folder, or
-    a path under a file (relative paths from ``start``, the invocation folder)."""
-    path = start / value
-    if path.is_dir():
-        raise UsageError(f"--harness-report {value}: {path} is a folder; name the JSON file to write")
-    parent = path.parent
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise UsageError(f"--harness-report {value}: {parent} is a file, so nothing can be written under it; "
-                         "name a file in a folder")

@@ -16,7 +16,7 @@ import pytest
 from harness import impls, locations
 from harness.devices import EXPERTS_VARIABLE, experts_implementation, resolve, use_one_compile_worker
 from harness.errors import HarnessError, UsageError
-from harness.plugin.options import GOLDEN_DIR_INI, check_report_path, given_golden_dir, given_options
+from harness.plugin.options import GOLDEN_DIR_INI, given_golden_dir, given_options
 
 if TYPE_CHECKING:
     import torch
@@ -191,7 +191,8 @@ def activate(config: pytest.Config) -> HarnessSession:
         if config.getoption("--reproduce-failure"):
             profiles.check_reproduce_failure(config.getoption("--reproduce-failure"))
         if config.getoption("--harness-report", None):
-            check_report_path(config.getoption("--harness-report"), start=Path(config.invocation_params.dir))
+            locations.check_writable_file("--harness-report", config.getoption("--harness-report"),
+                                          start=Path(config.invocation_params.dir))
         if config.getoption("--snapshot-update", False) and not hasattr(config.option, "disable_unused_snapshots"):
             # syrupy 5 has no switch for its own rule: an update would delete every golden this run does not
             # use, such as the capture matrix of another device and the compile accounting of other torch minors.

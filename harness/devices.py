@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = ["BACKEND_CHOICES", "COMPILE_THREADS_VARIABLE", "DEVICE_CHOICES", "EXPERTS_IMPLEMENTATIONS",
-           "EXPERTS_VARIABLE", "Placement", "resolve", "resolve_device", "experts_implementation",
+           "EXPERTS_VARIABLE", "Placement", "resolve", "experts_implementation",
            "use_one_compile_worker"]
 
 COMPILE_THREADS_VARIABLE = "TORCHINDUCTOR_COMPILE_THREADS"
@@ -77,11 +77,6 @@ def resolve(*, device: str = "auto", graph_backend: str = "auto", cuda_available
         raise UsageError("--graph-backend cuda needs --device cuda (or --device auto on a machine with a GPU)")
     backend = ("cuda" if device_type == "cuda" else "emulated") if graph_backend == "auto" else graph_backend
     return Placement(device_type, backend)
-
-
-def resolve_device(option: str) -> torch.device:
-    """The device of :func:`resolve` alone (for callers without a graph backend)."""
-    return resolve(device=option).device
 
 
 def _torch_version() -> str:

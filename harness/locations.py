@@ -12,7 +12,8 @@ from pathlib import Path
 
 from harness.errors import UsageError
 
-__all__ = ["suites_dir", "project_root", "is_checkout", "baselines_dir", "resolve_baseline", "check_writable_file"]
+__all__ = ["suites_dir", "project_root", "is_checkout", "package_dir", "baselines_dir", "resolve_baseline",
+           "check_writable_file"]
 
 _PACKAGE = Path(__file__).resolve().parent
 
@@ -41,6 +42,11 @@ def project_root() -> Path:
 def is_checkout() -> bool:
     """Whether the suites are a source checkout's (writable goldens and kill-matrix hints), not a wheel's."""
     return project_root() != _PACKAGE
+
+
+def package_dir() -> Path:
+    """The folder of the ``harness`` package that is imported (a checkout's ``harness/``, or site-packages')."""
+    return _PACKAGE
 
 
 def baselines_dir() -> Path:

@@ -28,8 +28,6 @@ __all__ = ["HarnessSession", "SESSION_KEY", "activate", "check_golden_dir", "che
            "current_session", "in_suites", "is_harness_checkout", "session_of", "use_harness_orphan_rule",
            "uses_harness_fixtures", "wanted_at_start"]
 
-# The harness package this plugin belongs to (harness/plugin/session.py -> harness/).
-_PACKAGE = Path(__file__).resolve().parents[1]
 _PROJECT = "llm-graph-harness"
 # pyproject.toml read with regular expressions (tomllib is Python 3.11+): the [project] table up to the next
 # table, and its name, compared as PEP 503 normalises names.
@@ -80,10 +78,10 @@ def check_plugin_checkout(rootdir: Path) -> None:
     another checkout's editable install in this environment, or another checkout on ``PYTHONPATH``. The
     run would test the other checkout's code with this one's suites, every test failing on the difference
     (hypothesis health checks, goldens that do not exist) and none saying why."""
-    root = rootdir.resolve()
-    if is_harness_checkout(root) and not _PACKAGE.is_relative_to(root):
+    root, package = rootdir.resolve(), locations.package_dir()
+    if is_harness_checkout(root) and not package.is_relative_to(root):
         raise UsageError(f"this run's rootdir {root} is a checkout of {_PROJECT}, but the harness plugin and package "
-                         f"it loaded are {_PACKAGE}, outside it (another checkout, installed in this environment or on "
+                         f"it loaded are {package}, outside it (another checkout, installed in this environment or on "
                          f"PYTHONPATH): this checkout's code would not be what runs; install this checkout in this "
                          f"environment: pip install -e {root}")
 

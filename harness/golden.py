@@ -88,13 +88,22 @@ def golden_root(test_file: os.PathLike[str] | str) -> Path:
     else the ``golden/`` folder beside the ``suites/`` folder the module lies in (a checkout's, or an
     installed wheel's ``harness/golden``); a module outside any ``suites/`` keeps its goldens in a
     ``golden/`` folder next to it, whatever is configured."""
-    parts = Path(test_file).parts
-    if "suites" not in parts[:-1]:
+    split = _split_at_suites(Path(test_file))
+    if split is None:
         return Path(test_file).parent / "golden"
     if _SESSION.golden_dir is not None:
         return _SESSION.golden_dir
+    return split[0] / "golden"
+
+
+def _split_at_suites(test_file: Path) -> tuple[Path, Path] | None:
+    """The folder holding the innermost ``suites/`` above ``test_file``, and the module's folder below it
+    (``gather``, ``runner/architectures``); None for a module outside any ``suites/``."""
+    parts = test_file.parts
+    if "suites" not in parts[:-1]:
+        return None
     index = len(parts) - 2 - parts[-2::-1].index("suites")
-    return Path(*parts[:index]) / "golden"
+    return Path(*parts[:index]), Path(*parts[index + 1:-1])
 
 
 def drift_events() -> list[DriftEvent]:
@@ -317,11 +326,8 @@ class GoldenExtension(SingleFileSnapshotExtension):
     @classmethod
     def dirname(cls, *, test_location: Any) -> str:
         test_file = Path(test_location.filepath)
-        parts = test_file.parts
-        if "suites" not in parts[:-1]:  # a test outside suites/ keeps its goldens next to it
-            return str(golden_root(test_file) / test_location.basename)
-        index = len(parts) - 2 - parts[-2::-1].index("suites")
-        inner = Path(*parts[index + 1:-1])  # the module's folder below suites/: gather, runner/architectures
+        split = _split_at_suites(test_file)  # a test outside suites/ keeps its goldens next to it
+        inner = split[1] if split is not None else Path()
         return str(golden_root(test_file) / inner / test_location.basename)
 
     def serialize(self, data: Any, *, exclude: PropertyFilter | None = None, include: PropertyFilter | None = None,

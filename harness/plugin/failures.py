@@ -92,13 +92,18 @@ _BLOB = re.compile(r"@reproduce_failure\('(?P<version>[^']+)', b'(?P<blob>[^']+)
 _SEED = re.compile(r"--hypothesis-seed=(?P<seed>-?\d+)")
 
 
+def _snapshot_executions(item: pytest.Item) -> Any:
+    """syrupy's record of the test's snapshot assertions (index -> result), or None where it has none."""
+    return getattr(getattr(item, "funcargs", {}).get("snapshot"), "executions", None)
+
+
 def _is_golden_mismatch(item: pytest.Item, report: pytest.TestReport) -> bool:
     """Whether a golden assertion of the test failed (a mismatch or a missing snapshot).
 
     Asked of syrupy's record of the test's snapshot assertions; the crash message is only a fallback,
     since its form depends on the verbosity (``assert [+ received] == [- snapshot]`` at ``-vv``,
     ``AssertionError: assert ...`` below it)."""
-    executions = getattr(getattr(item, "funcargs", {}).get("snapshot"), "executions", None)
+    executions = _snapshot_executions(item)
     if isinstance(executions, dict) and executions:
         return any(not getattr(result, "success", True) for result in executions.values())
     crash = getattr(report.longrepr, "reprcrash", None)
@@ -120,7 +125,7 @@ def _golden_hint(item: pytest.Item, update: str) -> str:
 
     folder = golden_root(item.path)
     shown = _shown(folder, item.config) + "/"
-    executions = getattr(getattr(item, "funcargs", {}).get("snapshot"), "executions", None)
+    executions = _snapshot_executions(item)
     failed = [result for result in (executions.values() if isinstance(executions, dict) else ())
               if not getattr(result, "success", True) and getattr(result, "snapshot_location", None)]
     files = [Path(result.snapshot_location) for result in failed]

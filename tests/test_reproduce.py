@@ -167,7 +167,7 @@ def test_a_relative_pythonpath_is_made_absolute_so_the_line_reruns_from_elsewher
     ("./x/../y", "/engine/y"),
 ])
 def test_absolute_pythonpath(value, expected):
-    from harness.plugin.failures import absolute_pythonpath
+    from harness.plugin.child_runs import absolute_pythonpath
 
     assert absolute_pythonpath(value.replace(":", os.pathsep), "/engine") == expected.replace(":", os.pathsep)
 

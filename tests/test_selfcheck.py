@@ -296,3 +296,12 @@ def test_a_references_run_reports_its_slowest_tests(tmp_path: Path):
     table = selfcheck.format_matrix([gather, graphs])
     assert re.search(r"^slowest tests of the references: suites/graphs/test_graphs_tiny\.py::test_slow \(\d+\.\d s\), ",
                      table, re.MULTILINE), table
+
+
+def test_children_get_the_callers_pythonpath_made_absolute(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    """The matrix's children run in the suites' root, not where the caller stood: a relative PYTHONPATH entry
+    (an engine's module folder given as ``.`` or ``src``) must keep naming the caller's folder there."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([".", "src"]))
+    environment = selfcheck.child_environment()
+    assert environment["PYTHONPATH"].split(os.pathsep) == [str(tmp_path), str(tmp_path / "src")]

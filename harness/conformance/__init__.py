@@ -24,7 +24,6 @@ from harness.conformance import clauses as _clauses
 from harness.devices import resolve
 from harness.errors import HarnessError
 from harness.plugin import child_runs
-from harness.plugin.failures import absolute_pythonpath
 
 __all__ = ["ClauseResult", "ConformanceReport", "run_conformance", "build_report", "format_text",
            "format_markdown", "write_report"]
@@ -135,9 +134,7 @@ def run_conformance(*, component: str, spec: str, device: str = "auto", graph_ba
             arguments=["--impl", f"{component}={spec}", "--device", resolved.type, "--graph-backend", backend,
                        "--hypothesis-profile", hypothesis_profile, *(extra_args or []),
                        *(["-n", str(jobs)] if jobs > 1 else [])])
-        environment = dict(os.environ, HARNESS_CONFORMANCE_RECORD=str(record_path))
-        if environment.get("PYTHONPATH"):  # the child runs in root: a relative entry must keep naming this folder's
-            environment["PYTHONPATH"] = absolute_pythonpath(environment["PYTHONPATH"], Path.cwd())
+        environment = dict(child_runs.child_environment(), HARNESS_CONFORMANCE_RECORD=str(record_path))
         finished = child_runs.run(command, cwd=root, environment=environment, time_limit=time_limit)
         returncode, output = finished.returncode, finished.output
         records = child_runs.read_report_log(record_path) + [

@@ -16,8 +16,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ChildRun", "pytest_command", "run", "stop", "lower_priority", "read_report_log", "phase_reports",
-           "failed_nodeids"]
+__all__ = ["ChildRun", "absolute_pythonpath", "child_environment", "pytest_command", "run", "stop",
+           "lower_priority", "read_report_log", "phase_reports", "failed_nodeids"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,6 +25,22 @@ class ChildRun:
     returncode: int | None  # None: stopped at the time limit
     output: str  # stdout and stderr, interleaved
     seconds: float
+
+
+def absolute_pythonpath(value: str, start: str | Path) -> str:
+    """``PYTHONPATH`` as this interpreter read it, every entry absolute: a relative entry (``.``, ``src``) and an
+    empty one (the current folder, to Python) are taken from ``start``, the folder the run was started in, so
+    that a line carrying it finds the same modules when pasted in another folder."""
+    return os.pathsep.join(os.path.normpath(os.path.join(start, entry)) for entry in value.split(os.pathsep))
+
+
+def child_environment() -> dict[str, str]:
+    """This process's environment for a child started in another folder (the suites' root): ``PYTHONPATH``
+    with every entry absolute, so the child finds the modules this process was pointed at."""
+    environment = dict(os.environ)
+    if environment.get("PYTHONPATH"):
+        environment["PYTHONPATH"] = absolute_pythonpath(environment["PYTHONPATH"], Path.cwd())
+    return environment
 
 
 def pytest_command(paths: Iterable[str | Path], *, root: Path, plugin: str, report_log: Path,

@@ -13,16 +13,10 @@ import pytest
 
 from harness import locations
 from harness.devices import EXPERTS_IMPLEMENTATIONS, experts_implementation
+from harness.plugin.child_runs import absolute_pythonpath
 from harness.plugin.session import SESSION_KEY, session_of
 
-__all__ = ["absolute_pythonpath", "annotate_failure", "failure_context", "file_node_id", "reproduce_command"]
-
-
-def absolute_pythonpath(value: str, start: str | Path) -> str:
-    """``PYTHONPATH`` as this interpreter read it, every entry absolute: a relative entry (``.``, ``src``) and an
-    empty one (the current folder, to Python) are taken from ``start``, the folder the run was started in, so
-    that a line carrying it finds the same modules when pasted in another folder."""
-    return os.pathsep.join(os.path.normpath(os.path.join(start, entry)) for entry in value.split(os.pathsep))
+__all__ = ["annotate_failure", "failure_context", "file_node_id", "reproduce_command"]
 
 
 def reproduce_command(config: pytest.Config, nodeid: str, *, replay: tuple[str, str] | None = None,

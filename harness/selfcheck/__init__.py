@@ -136,8 +136,9 @@ def write_hints(root: Path, outcomes: list[Outcome]) -> None:
 
 def child_environment(*, threads: int | None = None) -> dict[str, str]:
     """The environment every child of a run shares (a fork server is started with it); each run adds the
-    variables of :data:`harness.selfcheck.fork_server.PER_RUN_VARIABLES`."""
-    environment = dict(os.environ)
+    variables of :data:`harness.selfcheck.fork_server.PER_RUN_VARIABLES`. They run in the suites' root:
+    ``PYTHONPATH`` is made absolute (:func:`harness.plugin.child_runs.child_environment`)."""
+    environment = child_runs.child_environment()
     environment.setdefault("HYPOTHESIS_PROFILE", "ci")  # no shrinking: the first failure is the verdict
     if threads:  # concurrent pytest processes must not each start a full intra-op thread pool
         environment.setdefault("OMP_NUM_THREADS", str(threads))

@@ -143,7 +143,7 @@ def test_a_report_built_from_host_paths_has_none_left(tmp_path):
     """_portable, as run_conformance applies it: the interpreter, site folders and the checkout leave the report."""
     lines = [conformance._portable(line, Path("/work/main")) for line in H200_LINES]
     assert lines[0] == (
-        "PYTHONPATH=.sglang:. python -m pytest --pyargs "
+        "PYTHONPATH=.sglang:.${PYTHONPATH:+:$PYTHONPATH} python -m pytest --pyargs "
         "'harness.suites.gather.test_contract::test_matches_eager_oracle_over_the_contract[hidden]' --device cuda "
         "--graph-backend cuda --impl gather=sglang --hypothesis-profile ci "
         "--reproduce-failure 6.168.3:AEEBQgFCQQRBBUEEQQtBAUECQQZBAkEBQQNBA0EEQQBBAkIMpEEAQQE=")
@@ -158,6 +158,20 @@ def test_a_report_built_from_host_paths_has_none_left(tmp_path):
         for host_path in ("/opt/torch", "/tmp/gpu-site", "/work/main", "site-packages", "--rootdir"):
             assert host_path not in written
         assert "python -m pytest --pyargs 'harness.suites.gather.test_contract::" in written
+
+
+@pytest.mark.parametrize(("readers_path", "expected"), [(None, "sub:."), ("", "sub:."), ("/carried", "sub:.:/carried")])
+def test_a_portable_line_keeps_the_readers_own_pythonpath(readers_path, expected):
+    """A GPU job that carries its wheels on PYTHONPATH must still import them when it pastes a report's line."""
+    line = conformance._portable("PYTHONPATH=/repo/sub:/repo:/tmp/gpu-site /venv/bin/python -m pytest t.py",
+                                 Path("/repo"))
+    prefix = line.split(" python -m pytest ")[0]
+    environment = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    if readers_path is not None:
+        environment["PYTHONPATH"] = readers_path
+    shown = subprocess.run(["sh", "-c", f'{prefix} sh -c \'printf %s "$PYTHONPATH"\''], env=environment,
+                           capture_output=True, text=True, check=True)
+    assert shown.stdout == expected
 
 
 def test_a_wheels_suites_are_named_as_installed():

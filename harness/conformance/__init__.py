@@ -168,7 +168,8 @@ def _portable(command: str, root: Path) -> str:
     - the interpreter as ``python``, whichever path it ran from (``/opt/torch/.venv/bin/python3``);
     - ``PYTHONPATH`` with the entries inside the checkout only, relative to it (``.sglang:.``; run from the
       checkout) and each once: entries elsewhere are this machine's site folders (a virtual environment,
-      carried wheels in ``/tmp/gpu-site``) or modules, which the reader's own environment provides.
+      carried wheels in ``/tmp/gpu-site``) or modules, which the reader's own environment provides; so the
+      reader's own ``PYTHONPATH`` is kept after them (a GPU job that carries its wheels there still finds them).
 
     Other words are kept, with the checkout's path made ``.``; a line that is not a shell command line is
     only given that replacement and the interpreter's."""
@@ -188,9 +189,9 @@ def _portable(command: str, root: Path) -> str:
             inside = [_relative(Path(entry), root) for entry in value.split(os.pathsep) if entry]
             kept = list(dict.fromkeys(entry for entry in inside if entry is not None))
             if kept:
-                prefix.append(f"PYTHONPATH={os.pathsep.join(kept)}")
+                prefix.append(f"PYTHONPATH={shlex.quote(os.pathsep.join(kept))}${{PYTHONPATH:+:$PYTHONPATH}}")
         else:
-            prefix.append(assignment)
+            prefix.append(shlex.quote(assignment))
     portable: list[str] = []
     skip = False
     for word in arguments:
@@ -202,7 +203,7 @@ def _portable(command: str, root: Path) -> str:
             pass
         else:
             portable += _portable_argument(word, root)
-    return " ".join([*map(shlex.quote, prefix), shlex.join(["python", "-m", "pytest", *portable])])
+    return " ".join([*prefix, shlex.join(["python", "-m", "pytest", *portable])])
 
 
 def _relative(path: Path, root: Path) -> str | None:

@@ -1,0 +1,10 @@
+"""Eager is the oracle for everything a caller can observe: one checker every suite calls implementations through.
+
+Safe to use: :class:`Checker` (``.call`` and ``.construct``), :func:`check_call`, :data:`CALLING_MODES` with
+:func:`calling_mode`, and :data:`ALLOWED`, the table of differences a component's contract permits (extend it with
+a reason, never to make a failure pass)."""
+
+from harness.oracle._allowed import ALLOWED, allowed
+from harness.oracle._checker import CALLING_MODES, Checker, calling_mode, check_call
+
+__all__ = ["ALLOWED", "allowed", "CALLING_MODES", "calling_mode", "Checker", "check_call"]

@@ -1,0 +1,184 @@
+"""One call of an implementation checked against its eager twin on everything a caller can observe."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from harness.compare import assert_equivalent, format_context
+from harness.errors import MismatchError
+from harness.oracle import _facts, _state
+from harness.oracle._allowed import allowed
+
+__all__ = ["CALLING_MODES", "calling_mode", "Checker", "check_call"]
+
+CALLING_MODES = ("grad", "no_grad", "inference_mode")
+
+
+@contextlib.contextmanager
+def calling_mode(mode: str | None) -> Iterator[None]:
+    """The caller's autograd mode: ``grad``, ``no_grad``, ``inference_mode``; None keeps the current one."""
+    if mode is None:
+        yield
+    elif mode == "grad":
+        with torch.enable_grad():
+            yield
+    elif mode == "no_grad":
+        with torch.no_grad():
+            yield
+    elif mode == "inference_mode":
+        with torch.inference_mode():
+            yield
+    else:
+        raise ValueError(f"unknown calling mode {mode!r}: expected one of {', '.join(CALLING_MODES)}")
+
+
+@dataclasses.dataclass
+class _Snapshot:
+    process: dict[str, Any]
+    modules: dict[str, Any]
+    inputs: dict[str, Any]
+    rng: tuple[torch.Tensor, ...]
+
+
+def _input_state(inputs: Any) -> dict[str, Any]:
+    state: dict[str, Any] = {}
+    for path, tensor in _facts.tensors_in(inputs, "input"):
+        state[f"{path} metadata"] = _facts.facts_of(tensor)
+        state[f"{path} values"] = tensor.detach().clone()
+    return state
+
+
+def _snapshot(modules: Sequence[torch.nn.Module], inputs: Any) -> _Snapshot:
+    return _Snapshot(_state.process_state(), _state.module_state(modules), _input_state(inputs), _state.rng_state())
+
+
+def _new_changes(start: dict[str, Any], after_eager: dict[str, Any], after_candidate: dict[str, Any]) -> list[str]:
+    """What the candidate changed that eager left as it was (eager ran first, from ``start``)."""
+    by_eager = set(_state.changes(start, after_eager))
+    return [name for name in _state.changes(after_eager, after_candidate) if name not in by_eager]
+
+
+class Checker:
+    """Runs calls of one component's implementation beside their eager twin and raises
+    :class:`~harness.errors.MismatchError` on any difference a caller could observe that :data:`ALLOWED` does not
+    list: values (bitwise or by the tolerance table), each output's metadata and aliasing, the process, module and
+    input state the call leaves, the random state, and whether the results of the previous call survive this one.
+
+    One checker per test: it keeps the last call's results to check that the next call leaves them alone."""
+
+    def __init__(self, component: str, *, context: Callable[..., Mapping[str, Any]] | None = None) -> None:
+        self.component = component
+        self._context = context
+        self._kept: list[tuple[str, torch.Tensor, torch.Tensor]] = []
+
+    def call(self, candidate: Callable[[], Any], eager: Callable[[], Any], *, inputs: Any = (),
+             modules: Sequence[torch.nn.Module] = (), exact: bool, mode: str | None = None,
+             **details: Any) -> Any:
+        """Run ``eager()`` then ``candidate()`` (each under the caller's ``mode``, from the same random state) and
+        return the candidate's result after checking it. ``inputs`` are the arguments both read (for aliasing and
+        writes), ``modules`` the modules they run; ``details`` go into the failure message."""
+        __tracebackhide__ = True
+        with calling_mode(mode):
+            start = _snapshot(modules, inputs)
+            expected = eager()
+            after_eager = _snapshot(modules, inputs)
+            _state.set_rng_state(start.rng)
+            actual = candidate()
+            after_candidate = _snapshot(modules, inputs)
+        problems = []
+        try:
+            assert_equivalent(actual, expected, exact=exact)
+        except MismatchError as mismatch:
+            problems.append(f"values: {mismatch}")
+        problems += self._kept_results_changed()
+        problems += self._output_differences(actual, expected, inputs)
+        problems += self._state_differences(start, after_eager, after_candidate)
+        self._keep(actual)
+        self._raise(problems, self._details(mode=mode, **details))
+        return actual
+
+    def construct(self, build: Callable[[], Any], *, modules: Sequence[torch.nn.Module], **details: Any) -> Any:
+        """Run ``build()`` (a runner's or capturer's construction) and check it leaves the process and ``modules``
+        as eager, which builds nothing, would: no parameter, buffer, hook, flag or ``forward`` changed."""
+        __tracebackhide__ = True
+        before = _snapshot(modules, ())
+        built = build()
+        after = _snapshot(modules, ())
+        _state.set_rng_state(before.rng)  # construction may draw (warm-up inputs); the caller's stream is theirs
+        problems = self._state_differences(before, before, after, rng=False)
+        self._raise(problems, self._details(**details, call="construction"))
+        return built
+
+    def _details(self, **details: Any) -> Mapping[str, Any]:
+        shown = {key: value for key, value in details.items() if value is not None}
+        return self._context(**shown) if self._context else shown
+
+    def _raise(self, problems: list[str], context: Mapping[str, Any]) -> None:
+        __tracebackhide__ = True
+        problems = [p for p in problems if p]
+        if problems:
+            shown = problems[:6] + ([f"... and {len(problems) - 6} more"] if len(problems) > 6 else [])
+            raise MismatchError(f"{self.component}: observably different from eager (harness.oracle):\n  "
+                                + "\n  ".join(shown) + format_context(context))
+
+    def _differs(self, fact: str, message: str) -> str:
+        return "" if allowed(self.component, fact) else f"{fact}: {message}"
+
+    def _output_differences(self, actual: Any, expected: Any, inputs: Any) -> list[str]:
+        mine, theirs = dict(_facts.tensors_in(actual)), dict(_facts.tensors_in(expected))
+        given = dict(_facts.tensors_in(inputs))
+        problems = []
+        for path in theirs.keys() & mine.keys():
+            a, e = _facts.facts_of(mine[path]), _facts.facts_of(theirs[path])
+            for field in ("strides", "contiguous", "requires_grad", "is_inference", "attached_to_autograd"):
+                got, want = getattr(a, field), getattr(e, field)
+                if got != want:
+                    fact = "output strides" if field in ("strides", "contiguous") else f"output {field}"
+                    fact = "output attached to autograd" if field == "attached_to_autograd" else fact
+                    problems.append(self._differs(fact, f"{path} has {field} {got}, eager's {want}"))
+        mine_shared, theirs_shared = _facts.aliases(mine, given), _facts.aliases(theirs, given)
+        for path in theirs.keys() & mine.keys():
+            if mine_shared[path] != theirs_shared[path]:
+                problems.append(self._differs(
+                    "output aliasing", f"{path} shares memory with {sorted(mine_shared[path]) or 'nothing'}, "
+                                       f"eager's with {sorted(theirs_shared[path]) or 'nothing'}"))
+        return problems
+
+    def _state_differences(self, start: _Snapshot, after_eager: _Snapshot, after_candidate: _Snapshot, *,
+                           rng: bool = True) -> list[str]:
+        problems = []
+        for fact, part in (("process state", "process"), ("module state", "modules"), ("input values", "inputs")):
+            changed = _new_changes(getattr(start, part), getattr(after_eager, part), getattr(after_candidate, part))
+            if changed:
+                shown = ", ".join(changed[:4]) + (f" and {len(changed) - 4} more" if len(changed) > 4 else "")
+                problems.append(self._differs(fact, f"the call changed {shown}, which eager leaves as it was"))
+        if rng and not _state._same(after_eager.rng, after_candidate.rng):
+            problems.append(self._differs("rng", "the random state after the call is not eager's (the call drew "
+                                                 "other random numbers, or reseeded)"))
+        return problems
+
+    def _kept_results_changed(self) -> list[str]:
+        changed = [path for path, tensor, values in self._kept if not _state._same(tensor.detach(), values)]
+        if not changed:
+            return []
+        return [self._differs("results outlive the next call",
+                              f"{', '.join(changed)} returned by the previous call changed when called again "
+                              "(a result must belong to the caller, as eager's do)")]
+
+    def _keep(self, actual: Any) -> None:
+        self._kept = [(path, tensor, tensor.detach().clone()) for path, tensor in _facts.tensors_in(actual)]
+
+
+def check_call(component: str, candidate: Callable[[], Any], eager: Callable[[], Any], *, exact: bool,
+               inputs: Any = (), modules: Sequence[torch.nn.Module] = (), mode: str | None = None,
+               context: Mapping[str, Any] | None = None) -> Any:
+    """One checked call without a kept history (see :meth:`Checker.call`)."""
+    __tracebackhide__ = True
+    extra = dict(context or {})
+    return Checker(component, context=lambda **d: {**d, **extra}).call(
+        candidate, eager, inputs=inputs, modules=modules, exact=exact, mode=mode)

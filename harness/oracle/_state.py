@@ -1,0 +1,119 @@
+"""The state a call can leave behind: the process's modes and the modules it was given.
+
+A snapshot is a flat ``{name: value}`` of comparable facts; :func:`changes` lists the names whose value
+differs between two snapshots. Tensor values are kept as clones (the models the suites use are small); a
+parameter written in place by a replayed kernel bumps no version counter, so values are compared, not versions."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+__all__ = ["process_state", "module_state", "rng_state", "set_rng_state", "changes"]
+
+# Hook tables a module keeps; a caller's handle removes its hook from the very dict it was added to, so the
+# dict's identity is part of the state as much as its entries.
+_HOOK_TABLES = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks",
+                "_forward_pre_hooks_with_kwargs", "_backward_hooks", "_backward_pre_hooks", "_state_dict_hooks",
+                "_state_dict_pre_hooks", "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks")
+_GLOBAL_HOOK_TABLES = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+                       "_global_backward_pre_hooks")
+
+
+def process_state() -> dict[str, Any]:
+    """Modes and settings of this process that a call could change and fail to restore."""
+    from torch.nn.modules import module as nn_module
+
+    state: dict[str, Any] = {
+        "grad mode": torch.is_grad_enabled(),
+        "inference mode": torch.is_inference_mode_enabled(),
+        "default dtype": torch.get_default_dtype(),
+        "garbage collector enabled": gc.isenabled(),
+        "deterministic algorithms": torch.are_deterministic_algorithms_enabled(),
+        "float32 matmul precision": torch.get_float32_matmul_precision(),
+        "intra-op threads": torch.get_num_threads(),
+    }
+    for device_type in ("cpu", "cuda"):
+        state[f"autocast {device_type}"] = (torch.is_autocast_enabled(device_type),
+                                            torch.get_autocast_dtype(device_type))
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda current device"] = torch.cuda.current_device()
+        state["cuda current stream"] = torch.cuda.current_stream().cuda_stream
+        state["cuda matmul tf32"] = torch.backends.cuda.matmul.allow_tf32
+        state["cudnn tf32"] = torch.backends.cudnn.allow_tf32
+    for table in _GLOBAL_HOOK_TABLES:
+        hooks = getattr(nn_module, table, None)
+        if hooks is not None:
+            state[f"torch.nn global hooks {table}"] = (id(hooks), tuple((k, id(v)) for k, v in hooks.items()))
+    return state
+
+
+def rng_state() -> tuple[torch.Tensor, ...]:
+    """The default generators' states: the CPU's, and each CUDA device's where CUDA is initialised."""
+    states = [torch.get_rng_state()]
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states += torch.cuda.get_rng_state_all()
+    return tuple(states)
+
+
+def set_rng_state(states: tuple[torch.Tensor, ...]) -> None:
+    torch.set_rng_state(states[0])
+    if len(states) > 1:
+        torch.cuda.set_rng_state_all(list(states[1:]))
+
+
+def _tensor_state(prefix: str, tensor: torch.Tensor | None, state: dict[str, Any]) -> None:
+    if tensor is None:
+        state[prefix] = None
+        return
+    state[f"{prefix} object"] = id(tensor)
+    state[f"{prefix} metadata"] = (tensor.dtype, tuple(tensor.shape), tensor.stride(), tensor.device,
+                                   tensor.requires_grad, tensor.untyped_storage().data_ptr() if tensor.numel() else 0)
+    state[f"{prefix} values"] = tensor.detach().clone()
+    grad = tensor.grad if tensor.is_leaf else None
+    state[f"{prefix} grad"] = None if grad is None else (id(grad), grad.detach().clone())
+
+
+def module_state(modules: Iterable[torch.nn.Module]) -> dict[str, Any]:
+    """Everything of ``modules`` (and their submodules) a caller can see: parameters and buffers (object, metadata,
+    values, grad), the training flag, a ``forward`` set on the instance, and the hook tables."""
+    state: dict[str, Any] = {}
+    for index, root in enumerate(modules):
+        for name, module in root.named_modules(remove_duplicate=False):
+            where = f"module {index}{'.' + name if name else ''}"
+            state[f"{where} training"] = module.training
+            state[f"{where} instance forward"] = id(module.__dict__.get("forward"))
+            state[f"{where} class"] = type(module)
+            for table in _HOOK_TABLES:
+                hooks = module.__dict__.get(table)
+                if hooks is not None:
+                    state[f"{where} {table}"] = (id(hooks), tuple((k, id(v)) for k, v in hooks.items()))
+            for kind, members in (("parameter", module._parameters), ("buffer", module._buffers)):
+                state[f"{where} {kind} names"] = tuple(members)
+                for member, tensor in members.items():
+                    _tensor_state(f"{where} {kind} {member}", tensor, state)
+    return state
+
+
+def _same(left: Any, right: Any) -> bool:
+    if isinstance(left, torch.Tensor) or isinstance(right, torch.Tensor):
+        if not (isinstance(left, torch.Tensor) and isinstance(right, torch.Tensor)):
+            return False
+        if left.shape != right.shape or left.dtype != right.dtype:
+            return False
+        if left.dtype.is_floating_point:  # bits: NaN equals itself, -0.0 is not 0.0
+            bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[left.element_size()]
+            return bool(torch.equal(left.contiguous().view(bits), right.contiguous().view(bits)))
+        return bool(torch.equal(left, right))
+    if isinstance(left, tuple) and isinstance(right, tuple):
+        return len(left) == len(right) and all(_same(a, b) for a, b in zip(left, right))
+    return bool(left == right)
+
+
+def changes(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """Names whose value differs between two snapshots (added or removed names included), in a stable order."""
+    names = list(dict.fromkeys([*before, *after]))
+    return [name for name in names if name not in before or name not in after or not _same(before[name], after[name])]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -120,6 +121,9 @@ def test_a_run_of_a_mutant_reports_the_clause_it_breaks(tmp_path):
     assert str(ROOT) not in failure["reproduce"] and sys.executable not in failure["reproduce"]
     assert "python -m pytest --pyargs 'harness.suites.graphs." in failure["reproduce"]
     assert "--rootdir" not in failure["reproduce"]
+    if importlib.util.find_spec("harness.suites") is None:
+        pytest.skip("the line names the suites as an installed harness has them (pip install -e . or the wheel); "
+                    "this environment runs the harness uninstalled, from PYTHONPATH (the GPU check)")
     rerun = subprocess.run(failure["reproduce"], shell=True, cwd=ROOT, capture_output=True, text=True, timeout=300,
                            env={**os.environ, "PATH": os.pathsep.join([str(Path(sys.executable).parent),
                                                                        os.environ.get("PATH", "")])})

@@ -97,8 +97,10 @@ def test_the_adapters_are_listed_but_their_engine_is_not_imported(capsys):
     impls.implementations("graphs")
     impls.implementations("gather")
     cli.main(["list", "--component", "graphs"])
-    assert "(--impl graphs=sglang, the engine's shipped code)" in capsys.readouterr().out
-    assert "sglang" not in sys.modules
+    listed = capsys.readouterr().out
+    assert "(--impl graphs=sglang, the engine's shipped code)" in listed
+    assert "harness.adapters.vllm:load_capturer  (--impl graphs=vllm, the engine's shipped code)" in listed
+    assert "sglang" not in sys.modules and "vllm" not in sys.modules
 
 
 @needs_sglang_modules

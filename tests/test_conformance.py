@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from harness import cli, conformance
-from harness.conformance.clauses import CORE, STRICT, Clause
+from harness.conformance.clauses import CORE, STRICT, Clause, DocumentedAway
+from harness.errors import HarnessError
 from harness.plugin import child_runs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -84,6 +85,54 @@ def test_markdown_and_json_carry_the_first_falsifying_example(tmp_path):
     assert "Falsifying example: test_5(seed=3)" in text and "pytest y --reproduce-failure 1:AA" in text
     data = json.loads(document.read_text())
     assert data["summary"]["core_violations"] == ["stale"] and data["summary"]["strict_violations"] == ["raises"]
+
+
+AWAY = (DocumentedAway("stale", quote="Reads after a replay see capture-time values.", where="toy.py, ToyGraph",
+                       note="the toy engine never refreshes"),)
+
+
+def test_a_clause_the_engine_documents_away_is_neither_held_nor_violated(tmp_path):
+    report = conformance.build_report(_records(), TABLE, documented_away=AWAY, component="toy", spec="toy",
+                                      kind="adapter", engine="toy 1.0", device="cpu", graph_backend="emulated",
+                                      environment={}, command="pytest suites/toy")
+    stale = report.results[0]
+    # its tests' outcomes are kept, shown but not judged
+    assert (stale.clause, stale.verdict, stale.passed, stale.failed) == ("stale", "documented away", 1, 1)
+    assert stale.first_failure is None and [f["nodeid"] for f in stale.failures] == ["suites/toy/test_a.py::test_2"]
+    assert stale.documented == {"clause": "stale", "quote": "Reads after a replay see capture-time values.",
+                                "where": "toy.py, ToyGraph", "note": "the toy engine never refreshes"}
+    assert report.headline(CORE) == ("core: all held (1 clauses); documented away by the engine: stale; not run here: "
+                                     "warm (the emulated backend does not model warm-up)")
+    assert report.headline(STRICT) == "strict: VIOLATED: raises"  # the other clauses are judged as before
+    text = conformance.format_text(report)
+    assert ('documented away stale: "Reads after a replay see capture-time values." (toy.py, ToyGraph); the toy '
+            'engine never refreshes') in text
+    assert "reproduce stale" not in text and "reproduce raises" in text
+    markdown, document = conformance.write_report(report, tmp_path)
+    written = markdown.read_text()
+    assert ("| core | `stale` | documented away | 1/2 | the engine's documentation: \"Reads after a replay see "
+            "capture-time values.\" |") in written
+    assert "### Documented away by the engine" in written
+    assert "> Reads after a replay see capture-time values." in written
+    assert "toy.py, ToyGraph. the toy engine never refreshes" in written and "1 passed, 1 failed, 0 skipped" in written
+    assert "#### `stale`" not in written.split("### Documented away")[0]  # not listed among the violations
+    data = json.loads(document.read_text())
+    assert data["summary"]["documented_away"] == ["stale"] and data["summary"]["core_violations"] == []
+
+
+def test_a_report_whose_only_failures_are_documented_away_is_ok():
+    records = [r for r in _records() if r.get("clause") in ("stale", "cast")]
+    report = conformance.build_report(records, TABLE, documented_away=AWAY, component="toy", spec="toy",
+                                      kind="adapter", engine="", device="cpu", graph_backend="emulated",
+                                      environment={}, command="")
+    assert report.ok and not report.violations(CORE)
+
+
+def test_documenting_away_a_clause_the_table_lacks_is_refused():
+    with pytest.raises(HarnessError, match="documented away: stael is not a clause of this component"):
+        conformance.build_report(_records(), TABLE, documented_away=(DocumentedAway("stael", "q", "w"),),
+                                 component="toy", spec="toy", kind="adapter", engine="", device="cpu",
+                                 graph_backend="emulated", environment={}, command="")
 
 
 def test_every_failing_test_of_a_violated_clause_is_listed(tmp_path):

@@ -42,7 +42,7 @@ def test_every_step_has_a_limit_and_the_limits_fit_one_device_call():
     text = SCRIPT.read_text()
     limits = _limits()
     assert set(limits) == set(_script_steps())
-    default = re.search(r"\|\| steps=\(([\w ]+)\)", text)[1].split()  # opt-in steps (sglang) run on their own
+    default = re.search(r"\|\| steps=\(([\w ]+)\)", text)[1].split()  # opt-in steps (engines) run on their own
     # The whole check in one 10-minute call of a GPU machine, with half a minute for installing the wheels
     # and printing the table.
     assert sum(limits[step] for step in default) <= 9 * 60 + 30, (
@@ -101,6 +101,68 @@ def test_the_limit_scale_multiplies_every_limit_and_the_scratch_site_is_removed(
     site = Path((log.parent / (log.name + ".site")).read_text().strip())
     assert site.parent == tmp_path / "tmp" and site.name.startswith("gpu-site.")
     assert not site.exists() and not any((tmp_path / "tmp").iterdir())
+
+
+ENGINES_SCRIPT = ROOT / ".ci" / "gpu" / "engine-conformance"
+# A stand-in interpreter for the engines step: logs each call with its PYTHONPATH; the engine probes pass.
+FAKE_ENGINE_PYTHON = """#!/bin/sh
+echo "$PYTHONPATH|$*" >> "$FAKE_LOG"
+exit 0
+"""
+
+
+def _run_engines(tmp_path: Path, **variables: str) -> tuple[subprocess.CompletedProcess, list[tuple[str, str]]]:
+    fake = tmp_path / "python"
+    fake.write_text(FAKE_ENGINE_PYTHON)
+    fake.chmod(0o755)
+    log = tmp_path / "calls.log"
+    env = {**{k: v for k, v in os.environ.items() if k not in ("ENGINES", "COMPONENTS", "ENGINE_TIME_BUDGET")},
+           "PYTHON": str(fake), "FAKE_LOG": str(log), **variables}
+    completed = subprocess.run([str(ENGINES_SCRIPT), str(tmp_path / "out")], capture_output=True, text=True, env=env,
+                               timeout=120)
+    calls = [tuple(line.split("|", 1)) for line in log.read_text().splitlines()] if log.exists() else []
+    return completed, calls
+
+
+def _conformance_calls(calls: list[tuple[str, str]]) -> dict[str, tuple[str, str]]:
+    """--impl -> (--time-limit, first PYTHONPATH entry) of each conformance run."""
+    found = {}
+    for path, arguments in calls:
+        words = arguments.split()
+        if words[:3] == ["-m", "harness", "conformance"]:
+            found[words[words.index("--impl") + 1]] = (words[words.index("--time-limit") + 1], path.split(":")[0])
+    return found
+
+
+def test_the_engines_step_makes_each_engines_reports_from_its_folder_within_the_budget(tmp_path):
+    for engine in ("sglang", "vllm"):
+        (tmp_path / f"{engine}-modules" / engine).mkdir(parents=True)
+    folders = {"SGLANG_MODULES": str(tmp_path / "sglang-modules"), "VLLM_MODULES": str(tmp_path / "vllm-modules")}
+    completed, calls = _run_engines(tmp_path, **folders, ENGINE_TIME_BUDGET="525")
+    # every report of both engines, each from its own folder; the limits scaled to fit 525 s with the
+    # reproductions (120 s) and 15 s a report: graphs 300 * 360 / 810, gather 210 * 360 / 810
+    assert _conformance_calls(calls) == {"graphs=sglang": ("133", folders["SGLANG_MODULES"]),
+                                         "gather=sglang": ("93", folders["SGLANG_MODULES"]),
+                                         "graphs=vllm": ("133", folders["VLLM_MODULES"])}, completed.stdout
+    assert any(".ci/gpu/sglang-repros graphs gather" in arguments for _, arguments in calls)
+    assert completed.returncode == 2  # the stand-in interpreter wrote no report
+    # one engine: its own limit, no scaling, no SGLang reproductions
+    (tmp_path / "calls.log").unlink()
+    completed, calls = _run_engines(tmp_path, **folders, ENGINE_TIME_BUDGET="525", ENGINES="vllm")
+    assert _conformance_calls(calls) == {"graphs=vllm": ("300", folders["VLLM_MODULES"])}, completed.stdout
+    assert not any("sglang-repros" in arguments for _, arguments in calls)
+
+
+def test_the_engines_step_says_how_to_make_a_missing_engines_modules(tmp_path):
+    (tmp_path / "sglang-modules" / "sglang").mkdir(parents=True)
+    folders = {"SGLANG_MODULES": str(tmp_path / "sglang-modules"), "VLLM_MODULES": str(tmp_path / "no-such")}
+    completed, calls = _run_engines(tmp_path, **folders, COMPONENTS="graphs")
+    # not asked for by name: skipped with the line, SGLang's report made
+    assert f"no vllm modules in {tmp_path / 'no-such'}: run .ci/gpu/extract-vllm WHEEL" in completed.stdout
+    assert list(_conformance_calls(calls)) == ["graphs=sglang"]
+    completed, _ = _run_engines(tmp_path, **folders, ENGINES="vllm")
+    assert completed.returncode == 2 and "run .ci/gpu/extract-vllm WHEEL" in completed.stdout
+    assert "no engine report to make" in completed.stdout
 
 
 def test_the_gpu_jobs_pin_the_torch_the_h200_baselines_were_recorded_on():

@@ -48,8 +48,8 @@ pytest_collect_file = collect_suite("gather")
 
 # The test is about packaging: every run on the CPU and the emulated backend, on a GPU runner too.
 _CPU = ["--device", "cpu", "--graph-backend", "emulated"]
-_IGNORED = shutil.ignore_patterns(".git", ".venv", ".whl", ".sglang", "build", "dist", "*.egg-info", "__pycache__",
-                                  ".hypothesis", ".pytest_cache", ".ci")
+_IGNORED = shutil.ignore_patterns(".git", ".venv", ".whl", ".sglang", ".vllm", "build", "dist", "*.egg-info",
+                                  "__pycache__", ".hypothesis", ".pytest_cache", ".ci")
 
 
 def _run(command: list[str], *, cwd: Path, env: dict[str, str], timeout: int = 900) -> subprocess.CompletedProcess:

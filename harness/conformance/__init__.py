@@ -1,8 +1,9 @@
 """``python -m harness conformance``: which contract clauses an implementation holds.
 
 Runs a component's suite against ``--impl COMPONENT=SPEC`` in a child pytest and reports each clause
-``held``, ``violated`` (core ones first) or ``not run``, printed and as Markdown and JSON;
-``docs/graphs.md`` (Conformance) describes the report."""
+``held``, ``violated`` (core ones first) or ``not run``, or, for an engine adapter that declares it,
+``documented away`` (the engine's documentation narrows the clause away: neither held nor violated), printed
+and as Markdown and JSON; ``docs/graphs.md`` (Conformance) describes the report."""
 
 from __future__ import annotations
 
@@ -26,9 +27,9 @@ from harness.errors import HarnessError
 from harness.plugin import child_runs
 
 __all__ = ["ClauseResult", "ConformanceReport", "run_conformance", "build_report", "format_text",
-           "format_markdown", "write_report"]
+           "format_markdown", "write_report", "documented_away"]
 
-HELD, VIOLATED, NOT_RUN, NO_TEST = "held", "violated", "not run", "no test"
+HELD, VIOLATED, NOT_RUN, NO_TEST, DOCUMENTED_AWAY = "held", "violated", "not run", "no test", "documented away"
 
 
 @dataclasses.dataclass
@@ -47,6 +48,9 @@ class ClauseResult:
     # Every failing test's failure, in collection order (first_failure is the first): fixing the first
     # is seldom the end of a violation.
     failures: list[dict[str, str]] = dataclasses.field(default_factory=list)
+    # For a clause the engine documents away: its quote, where and note (clauses.DocumentedAway); the
+    # counts above are its tests' outcomes, shown but not judged (first_failure stays None).
+    documented: dict[str, str] | None = None
 
 
 @dataclasses.dataclass
@@ -70,14 +74,19 @@ class ConformanceReport:
     def ok(self) -> bool:
         return not any(r.verdict == VIOLATED for r in self.results) and not self.unclassified and not self.stopped
 
+    def documented_away(self, tier: str | None = None) -> list[ClauseResult]:
+        return [r for r in self.results if r.verdict == DOCUMENTED_AWAY and tier in (None, r.tier)]
+
     def headline(self, tier: str) -> str:
         violated = self.violations(tier)
+        away = self.documented_away(tier)
+        away_part = f"; documented away by the engine: {', '.join(r.clause for r in away)}" if away else ""
         if violated:
             consequence = " (results can be wrong)" if tier == _clauses.CORE else ""
-            return f"{tier}: VIOLATED{consequence}: {', '.join(r.clause for r in violated)}"
+            return f"{tier}: VIOLATED{consequence}: {', '.join(r.clause for r in violated)}{away_part}"
         not_run = [r for r in self.results if r.tier == tier and r.verdict in (NOT_RUN, NO_TEST)]
         held = sum(r.tier == tier and r.verdict == HELD for r in self.results)
-        line = f"{tier}: all held ({held} clauses)"
+        line = f"{tier}: all held ({held} clauses){away_part}"
         if not_run:
             line += "; not run here: " + "; ".join(f"{r.clause} ({r.skip_reason or r.verdict})" for r in not_run)
         return line
@@ -86,7 +95,8 @@ class ConformanceReport:
         document = dataclasses.asdict(self)
         document["summary"] = {"core": self.headline(_clauses.CORE), "strict": self.headline(_clauses.STRICT),
                                "core_violations": [r.clause for r in self.violations(_clauses.CORE)],
-                               "strict_violations": [r.clause for r in self.violations(_clauses.STRICT)]}
+                               "strict_violations": [r.clause for r in self.violations(_clauses.STRICT)],
+                               "documented_away": [r.clause for r in self.documented_away()]}
         return document
 
 
@@ -112,6 +122,16 @@ def _engine(component: str, spec: str) -> str:
     module = importlib.import_module(target.partition(":")[0])
     version = getattr(module, "engine_version", lambda: "unknown")()
     return f"{spec} {version}"
+
+
+def documented_away(component: str, spec: str) -> tuple[_clauses.DocumentedAway, ...]:
+    """The clauses of ``component`` that an engine adapter declares its engine documents away (its module's
+    ``DOCUMENTED_AWAY``, by component); none for anything but an adapter."""
+    target = components.get_component(component).adapters.get(spec)
+    if target is None:
+        return ()
+    module = importlib.import_module(target.partition(":")[0])
+    return tuple(getattr(module, "DOCUMENTED_AWAY", {}).get(component, ()))
 
 
 def run_conformance(*, component: str, spec: str, device: str = "auto", graph_backend: str = "auto",
@@ -152,7 +172,8 @@ def run_conformance(*, component: str, spec: str, device: str = "auto", graph_ba
                         "--hypothesis-profile", hypothesis_profile])
     report = build_report(records, clause_table, component=component, spec=spec, kind=implementation.kind,
                           engine=_engine(component, spec), device=resolved.type, graph_backend=backend,
-                          environment=_environment(resolved), command=display)
+                          environment=_environment(resolved), command=display,
+                          documented_away=documented_away(component, spec))
     if stopped:
         report.stopped = (f"stopped at the time limit of {time_limit:.0f} s: tests that had not finished count as "
                           "not run")
@@ -232,9 +253,18 @@ def _record(report: dict[str, Any]) -> dict[str, Any]:
             "clause": properties.get("clause")}
 
 
-def build_report(records: list[dict[str, Any]], clause_table: tuple[_clauses.Clause, ...], **fields: Any
-                 ) -> ConformanceReport:
-    """Fold the plugin's per-phase records into one row per clause (a test fails if any phase failed)."""
+def build_report(records: list[dict[str, Any]], clause_table: tuple[_clauses.Clause, ...], *,
+                 documented_away: tuple[_clauses.DocumentedAway, ...] = (), **fields: Any) -> ConformanceReport:
+    """Fold the plugin's per-phase records into one row per clause (a test fails if any phase failed).
+
+    A clause in ``documented_away`` gets the verdict ``documented away`` whatever its tests found: their
+    counts and failures are kept, ``first_failure`` is not set. Naming a clause the table lacks is a
+    :class:`HarnessError` (a misspelt id would otherwise judge the clause after all)."""
+    away = {entry.clause: entry for entry in documented_away}
+    unknown = sorted(set(away) - {clause.id for clause in clause_table})
+    if unknown:
+        raise HarnessError(f"documented away: {', '.join(unknown)} is not a clause of this component "
+                           f"({', '.join(clause.id for clause in clause_table)})")
     outcomes: dict[str, dict[str, Any]] = {}
     for record in records:
         if "collected" in record:
@@ -258,7 +288,11 @@ def build_report(records: list[dict[str, Any]], clause_table: tuple[_clauses.Cla
                               passed=sum(t["outcome"] == "passed" for t in tests),
                               failed=sum(t["outcome"] == "failed" for t in tests),
                               skipped=sum(t["outcome"] == "skipped" for t in tests))
-        if result.failed:
+        if clause.id in away:
+            result.verdict = DOCUMENTED_AWAY
+            result.documented = dataclasses.asdict(away[clause.id])
+            result.failures = [t["failure"] for t in tests if t["outcome"] == "failed"]
+        elif result.failed:
             result.verdict = VIOLATED
             result.failures = [t["failure"] for t in tests if t["outcome"] == "failed"]
             result.first_failure = result.failures[0]
@@ -298,7 +332,10 @@ def _tests_passed(result: ClauseResult) -> str:
 
 
 def _example(result: ClauseResult, *, code: str = "") -> str:
-    """The first falsifying example (its test name quoted with ``code``), or why the clause did not run."""
+    """The first falsifying example (its test name quoted with ``code``), why the clause did not run, or the
+    engine's sentence that documents it away."""
+    if result.documented:
+        return _short(f"the engine's documentation: \"{result.documented['quote']}\"")
     if result.first_failure:
         return f"{code}{_test_name(result.first_failure['nodeid'])}{code}: {_first_line(result.first_failure)}"
     return result.skip_reason if result.verdict == NOT_RUN else ""
@@ -314,6 +351,10 @@ def format_text(report: ConformanceReport) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     for row in rows:
         lines.append("  ".join(cell.ljust(width) for cell, width in zip(row[:4], widths)) + "  " + row[4])
+    for r in report.documented_away():
+        documented = r.documented or {}
+        lines.append(f"\ndocumented away {r.clause}: \"{documented.get('quote', '')}\" ({documented.get('where', '')})"
+                     + (f"; {documented['note']}" if documented.get("note") else ""))
     if report.unclassified:
         lines.append(f"\n{len(report.unclassified)} tests name no clause of {report.component} "
                      f"(harness/conformance/clauses.py): " + ", ".join(report.unclassified[:5]))
@@ -339,6 +380,16 @@ def format_markdown(report: ConformanceReport) -> str:
     for r in report.results:
         verdict = f"**{r.verdict}**" if r.verdict == VIOLATED else r.verdict
         out.append(f"| {r.tier} | `{r.clause}` | {verdict} | {_tests_passed(r)} | {_cell(_example(r, code='`'))} |")
+    away = report.documented_away()
+    if away:
+        out += ["", "### Documented away by the engine", "",
+                "Neither held nor violated: the engine's own documentation narrows these clauses away. Their tests "
+                "ran; their outcomes are shown, not judged."]
+    for r in away:
+        documented = r.documented or {}
+        out += ["", f"#### `{r.clause}` ({r.tier}): {r.summary}", "", f"> {documented.get('quote', '')}", "",
+                f"{documented.get('where', '')}." + (f" {documented['note']}" if documented.get("note") else ""),
+                "", f"Its tests: {r.passed} passed, {r.failed} failed, {r.skipped} skipped."]
     violated = [r for r in report.results if r.first_failure]
     if violated:
         out += ["", "### Violations"]

@@ -2,7 +2,8 @@
 
 A test names its clause with ``@pytest.mark.clause("ID")`` (parameter, test or module; the nearest wins).
 Each component's doc shows every clause id and tier; ``tests/test_clauses.py`` checks doc, table and
-suites agree."""
+suites agree. An engine adapter may declare clauses its engine documents away (:class:`DocumentedAway`): the
+report gives them neither held nor violated, with the engine's own sentence."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import dataclasses
 
 from harness.errors import UsageError
 
-__all__ = ["Clause", "CORE", "STRICT", "TIERS", "CLAUSES", "MARKER", "clauses_of"]
+__all__ = ["Clause", "CORE", "STRICT", "TIERS", "CLAUSES", "MARKER", "clauses_of", "DocumentedAway"]
 
 CORE, STRICT = "core", "strict"
 TIERS = {
@@ -32,6 +33,22 @@ class Clause:
     @property
     def name(self) -> str:
         return f"{self.component}:{self.id}"
+
+
+@dataclasses.dataclass(frozen=True)
+class DocumentedAway:
+    """A clause an engine's own documentation narrows away, as its adapter declares it.
+
+    ``quote`` is the engine's sentence that says so, verbatim (its docstring, or the message it raises);
+    ``where`` names the file and the object that carries it; ``note`` says, in the harness's words, how the
+    engine's contract differs from the clause. The clause's tests still run and their counts are shown, but
+    they give it neither ``held`` nor ``violated``: the report says ``documented away`` and quotes the
+    engine (:func:`harness.conformance.build_report`)."""
+
+    clause: str
+    quote: str
+    where: str
+    note: str = ""
 
 
 def _table(component: str, *rows: tuple[str, str, str]) -> tuple[Clause, ...]:

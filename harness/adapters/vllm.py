@@ -1,0 +1,240 @@
+"""vLLM's shipped breakable capture under the graphs suites: ``--impl graphs=vllm``.
+
+Bridges vLLM's ``BreakableCUDAGraphCapture`` (``vllm/compilation/breakable_cudagraph.py``) to the capturer
+interface: breaks reach vLLM's ``eager_break_during_capture`` through :func:`harness.graphs.receive_breaks`,
+and capture is set up as vLLM's model runner sets it up around ``BreakableCUDAGraphWrapper`` (a dedicated
+capture stream, the collector off, warm-ups first). The wrapper itself is not driven: its dispatch needs a
+configured engine and a forward context.
+
+vLLM documents a narrower contract than the harness's: breaks write an output buffer in place (what a break
+returns is not propagated at replay), and a second capture in one thread raises ``RuntimeError``. The
+adapter does not make up for either; :data:`DOCUMENTED_AWAY` declares the clauses this narrows away, with
+vLLM's own sentences, and ``python -m harness conformance`` reports them as ``documented away``.
+
+Written against :data:`VLLM_VERSION`; vLLM is imported only when selected, from an installed vLLM or a
+folder made by ``.ci/gpu/extract-vllm`` (``.vllm``) on ``PYTHONPATH``. ``docs/graphs.md`` describes the
+bridges, ``docs/conformance/README.md`` how the report is recorded."""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import importlib.metadata
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from harness.conformance.clauses import DocumentedAway
+from harness.errors import ImplementationError, UsageError
+from harness.graphs import GraphBackend, receive_breaks
+
+__all__ = ["VLLM_VERSION", "VLLMCapturer", "VLLMGraph", "DOCUMENTED_AWAY", "load_capturer", "engine_version"]
+
+VLLM_VERSION = "0.33.0"
+BREAKABLE_MODULE = "vllm.compilation.breakable_cudagraph"
+MONITOR_MODULE = "vllm.compilation.monitor"
+# Where .ci/gpu/extract-vllm writes by default, and the variable .ci/gpu/run reads it from.
+DEFAULT_FOLDER = ".vllm"
+FOLDER_VARIABLE = "VLLM_MODULES"
+
+_SOURCE = "vllm/compilation/breakable_cudagraph.py"
+
+DOCUMENTED_AWAY: dict[str, tuple[DocumentedAway, ...]] = {
+    "graphs": (
+        DocumentedAway(
+            "write-back",
+            quote="Replay does not return values; callers should propagate any downstream dependencies via "
+                  "static output buffers.",
+            where=f"{_SOURCE}, BreakableCUDAGraphCapture.add_eager",
+            note="What a break returns reaches its caller at capture only; at replay it is dropped, so the "
+                 "objects the break returned at capture keep their capture-time contents unless the break wrote "
+                 "into them itself."),
+        DocumentedAway(
+            "changes-raise",
+            quote="Decorated ops must write into a caller-provided output tensor; a fresh tensor returned by "
+                  "``fn`` would change address each replay and break downstream graph segments.",
+            where=f"{_SOURCE}, eager_break_during_capture",
+            note="A break's return value is not looked at during replay, so a changed shape, dtype or structure "
+                 "of it raises nothing; returning a new object is outside vLLM's contract."),
+        DocumentedAway(
+            "immutable-values-refused",
+            quote="Replay does not return values; callers should propagate any downstream dependencies via "
+                  "static output buffers.",
+            where=f"{_SOURCE}, BreakableCUDAGraphCapture.add_eager",
+            note="A bare Python value a break returns is handed back at capture and never again; vLLM does not "
+                 "refuse it at capture."),
+        DocumentedAway(
+            "not-reentrant",
+            quote="Thread-local: only one capture may be active per thread.",
+            where=f"{_SOURCE}, BreakableCUDAGraphCapture",
+            note="A second capture in the thread, also from a break body, raises RuntimeError(\"Nested "
+                 "BreakableCUDAGraphCapture is not supported.\"), not the harness's CaptureError; the adapter "
+                 "passes it on unchanged."),
+    ),
+}
+
+
+def _missing_line(spec: str, error: ModuleNotFoundError) -> str:
+    """What to do when vLLM's modules cannot be imported: the folder to extract or to put on PYTHONPATH."""
+    folder = os.environ.get(FOLDER_VARIABLE) or DEFAULT_FOLDER
+    extract = (f".ci/gpu/extract-vllm WHEEL {folder} makes it from the release wheel "
+               f"(pip download vllm=={VLLM_VERSION} --no-deps -d DIR)")
+    if (Path(folder) / "vllm").is_dir():
+        return (f"--impl {spec} needs vLLM's modules, which are not importable here ({error}): the folder {folder} "
+                f"holds them but is not on PYTHONPATH; run with PYTHONPATH={folder} (or pip install "
+                f"vllm=={VLLM_VERSION})")
+    return (f"--impl {spec} needs vLLM's modules, which are not importable here ({error}), and there is no folder "
+            f"{folder}: {extract}, then put it on PYTHONPATH (or pip install vllm=={VLLM_VERSION})")
+
+
+def _import(spec: str, module: str) -> Any:
+    """Import one of vLLM's modules by its public path; any failure is one line saying what to do."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as error:
+        if error.name and (error.name == "vllm" or module.startswith(error.name + ".")):
+            raise ImplementationError(_missing_line(spec, error)) from None
+        raise ImplementationError(f"--impl {spec}: importing vLLM's {module} failed: it imports {error.name!r}, "
+                                  f"which is not installed (a folder made by .ci/gpu/extract-vllm lists what its "
+                                  f"modules import in STANDINS.md)") from None
+    except Exception as error:  # noqa: BLE001 - whatever the engine's import raises, in one line
+        from harness.impls import describe_exception
+
+        raise ImplementationError(f"--impl {spec}: importing vLLM's {module} failed: "
+                                  f"{describe_exception(error)}") from None
+
+
+def engine_version() -> str:
+    """The vLLM version importable here (the installed distribution's, else the package's own)."""
+    try:
+        return importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        return str(getattr(importlib.import_module("vllm"), "__version__", "unknown"))
+
+
+class _ForwardBreaks:
+    """The break receiver of one capture: each harness break call goes to vLLM's ``eager_break_during_capture``.
+
+    Bridge (names): vLLM marks breaks with its own decorator, which reads vLLM's active capture when called;
+    decorating the harness's break body at call time is the same as decorating it where it is defined. What
+    the decorator does with the arguments (tensors held through weak_ref_tensor) and the result (returned at
+    capture, dropped at replay), nested breaks and re-entrant captures are vLLM's. A name is recorded only
+    when vLLM counted the call as a break (a call from inside a break body runs inline there).
+    """
+
+    def __init__(self, mark: Callable[[Callable[..., Any]], Callable[..., Any]], capture: Any) -> None:
+        self._mark = mark
+        self._capture = capture
+        self.names: list[str] = []
+
+    def run_break(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        before = self._capture.num_eager_breaks
+        result = self._mark(fn)(*args, **kwargs)
+        if self._capture.num_eager_breaks > before:
+            self.names.append(getattr(fn, "__qualname__", repr(fn)))
+        return result
+
+
+class VLLMGraph:
+    """A finished vLLM ``BreakableCUDAGraphCapture`` with the harness's graph interface."""
+
+    def __init__(self, capture: Any, output: Any, break_names: list[str]) -> None:
+        self._capture = capture
+        self.output = output
+        self.break_names = list(break_names)
+
+    @property
+    def segment_count(self) -> int:
+        # vLLM's own count: one graph per segment, the empty ones included.
+        return int(self._capture.num_graphs)
+
+    @property
+    def break_count(self) -> int:
+        return int(self._capture.num_eager_breaks)
+
+    def replay(self) -> Any:
+        # Bridge (names): vLLM's replay() runs the segments and the breaks in order and returns None; its
+        # usage reads the outputs where the capture left them ("Output tensors live at the same addresses as
+        # during capture"). The harness's interface returns graph.output: that same object, not refreshed here.
+        self._capture.replay()
+        return self.output
+
+    def __repr__(self) -> str:
+        return f"<VLLMGraph {self.segment_count} segments, {self.break_count} breaks>"
+
+
+class VLLMCapturer:
+    """The harness's capturer interface over vLLM's ``BreakableCUDAGraphCapture``."""
+
+    def __init__(self, backend: GraphBackend) -> None:
+        if backend.name != "cuda":
+            raise UsageError(_NEEDS_CUDA)
+        self._breakable = _import("graphs=vllm", BREAKABLE_MODULE)
+        self._monitor = _import("graphs=vllm", MONITOR_MODULE)
+        self.backend = backend
+        self.device = torch.device(getattr(backend, "device", None) or "cuda")
+        # Bridge (stream): vLLM's runner captures inside graph_capture() (vllm.distributed.parallel_state),
+        # on a stream of its own that first waits for the caller's; BreakableCUDAGraphCapture begins each
+        # segment on the current stream.
+        self._stream = torch.cuda.Stream(device=self.device)
+
+    def new_pool(self) -> Any:
+        # Bridge (pool): vLLM's CUDA platform's graph_pool_handle() is torch.cuda.graph_pool_handle().
+        return torch.cuda.graph_pool_handle()
+
+    def capture(self, fn: Callable[[], Any], *, pool: Any = None, warmup_runs: int = 1) -> VLLMGraph:
+        breakable = self._breakable
+        # Bridge (pool): the harness's pool=None means a pool of this graph's own; every segment of one capture
+        # goes into it, as BreakableCUDAGraphWrapper puts every segment into its graph pool.
+        pool = self.new_pool() if pool is None else pool
+        capture = breakable.BreakableCUDAGraphCapture(pool=pool)
+        receiver = _ForwardBreaks(breakable.eager_break_during_capture, capture)
+        caller = torch.cuda.current_stream(self.device)
+        self._stream.wait_stream(caller)
+        # Bridge (capture set-up): vLLM's runner captures under freeze_gc_for_cudagraph_capture (collect, then
+        # the collector off: a collection during capture can end it); its freezing of the heap, a speed-up
+        # for bulk capture, is left out.
+        gc.collect()
+        collector_was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            with torch.cuda.device(self.device), torch.cuda.stream(self._stream):
+                # Bridge (warm-up): the runner's _warmup_and_capture runs the forward eagerly (no graph) the
+                # configured number of times and synchronises before capturing; the interface says how many.
+                for _ in range(warmup_runs):
+                    fn()
+                if warmup_runs:
+                    torch.cuda.synchronize(self.device)
+                # BreakableCUDAGraphWrapper._capture calls this guard before every capture.
+                self._monitor.validate_cudagraph_capturing_enabled()
+                with receive_breaks(receiver), capture:
+                    output = fn()
+        except BaseException as error:
+            # Bridge (error types): a CUDA capture failure (a host sync, a copy to the host) becomes the
+            # harness's CaptureError, as the harness's own CUDA backend reports it; vLLM's own exceptions (its
+            # RuntimeError for a nested capture) and the breaks' propagate unchanged.
+            translated = self.backend.translate_errors(error)
+            if translated is not error:
+                raise translated from error
+            raise
+        finally:
+            caller.wait_stream(self._stream)
+            if collector_was_enabled:
+                gc.enable()
+        return VLLMGraph(capture, output, receiver.names)
+
+
+_NEEDS_CUDA = ("--impl graphs=vllm captures real CUDA graphs with vLLM's BreakableCUDAGraphCapture, which the "
+               "emulated backend cannot stand in for: run with --device cuda --graph-backend cuda on a GPU")
+
+
+def load_capturer(*, graph_backend: str | None = None) -> type[VLLMCapturer]:
+    """The ``graphs`` adapter (``--impl graphs=vllm``): checks vLLM's modules import, and that the selected
+    graph backend is CUDA, then returns the capturer class (called with the backend)."""
+    _import("graphs=vllm", BREAKABLE_MODULE)
+    if graph_backend is not None and graph_backend != "cuda":
+        raise UsageError(_NEEDS_CUDA)
+    return VLLMCapturer

@@ -1,16 +1,20 @@
-"""The baseline comparison: counts exact, grouped speed-ups by their geometric mean, times reported.
+"""The baseline comparison: counts exact, gated times alone or by a group's geometric mean, the rest reported.
 
-Oracles are closed forms: a figure's band is max(floor, factor x the larger spread), and a time is
-beyond it exactly when now / before - 1 exceeds it (a speed-up: before / now - 1); a group's band is
-max(speedup floor, group factor x rms spread / sqrt(rows)) against the geometric mean of the rows'
-before / now. Property tests sweep the plane of (before, after, spreads, thresholds) around the
-boundaries.
+Oracles are closed forms: a reported figure's band is max(floor, factor x the larger spread), and a time is
+beyond it exactly when now / before - 1 exceeds it (a speed-up: before / now - 1); a gated time's band is
+min(cap, max(gate floor, z x standard error)), the standard error of a median of n samples with spread s
+being sqrt(pi / 2) s / 1.349 / sqrt(n), the two runs' in quadrature, a group's the root of the sum of its
+rows' squares over their number, held against the geometric mean of the rows' now / before. Property tests
+sweep the plane of (before, after, spreads, thresholds) around the boundaries. Re-measuring a suspected
+regression (confirm) is tested in tests/test_bench_confirm.py.
 """
 
 from __future__ import annotations
 
 import copy
+import importlib
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -19,9 +23,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.bench import Figure, Stat, Thresholds, compare, failed, read_json
-from harness.bench.baseline import format_findings
-from harness.bench.report import SCHEMA, Result, make_report
+from harness.bench import BENCHMARKS, Figure, Stat, Thresholds, compare, failed, read_json
+from harness.bench.baseline import check_comparable, format_findings, standard_error
+from harness.bench.report import DEFAULT_GATE_VERSION, SCHEMA, Result, make_report
 from harness.errors import UsageError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -80,11 +84,17 @@ def test_time_verdict_is_the_closed_form_and_never_fails(before, ratio, spread_b
 
 
 @given(before=positive, ratio=st.floats(0.2, 5.0), noise=spread)
-def test_ungrouped_speedup_is_the_gated_higher_better_mirror_of_time(before, ratio, noise):
-    # A speed-up falling from s to s / r is beyond its band exactly as a time rising from t to t * r.
+def test_speedup_is_the_reported_higher_better_mirror_of_time(before, ratio, noise):
+    # A speed-up falling from s to s / r is beyond its band exactly as a time rising from t to t * r, and,
+    # like every speed-up, it is reported, never failed.
     as_time = verdict(Figure("time", before, noise), Figure("time", before * ratio, noise))
     as_speedup = verdict(Figure("speedup", before, noise), Figure("speedup", before / ratio, noise))
-    assert as_speedup == {"slower": "regression", "faster": "improved"}.get(as_time, as_time)
+    assert as_speedup == as_time and as_speedup not in {"regression", "changed", "missing"}
+
+
+def test_a_speedup_cannot_be_gated():
+    with pytest.raises(ValueError, match="speed-ups are reported, not gated"):
+        Figure("speedup", 2.0, gated=True)
 
 
 def test_noise_band_widens_with_the_noisier_run():
@@ -96,30 +106,73 @@ def test_noise_band_widens_with_the_noisier_run():
 
 
 def test_exactly_on_the_band_is_not_beyond_it():
-    thresholds = Thresholds(floor=0.25, noise_factor=0.0)
-    assert verdict(Figure("speedup", 5.0), Figure("speedup", 4.0), thresholds) == "ok"
-    assert verdict(Figure("speedup", 5.0 + 1e-9), Figure("speedup", 4.0), thresholds) == "regression"
+    thresholds = Thresholds(gate_floor=0.25, gate_cap=0.25)
+    assert verdict(Figure("time", 4.0, gated=True), Figure("time", 5.0, gated=True), thresholds) == "ok"
+    assert verdict(Figure("time", 4.0, gated=True), Figure("time", 5.0 + 1e-9, gated=True), thresholds) == "regression"
 
 
-# -- speed-up groups -------------------------------------------------------------------------------
+# -- gated times -------------------------------------------------------------------------------------
+
+repeats = st.integers(1, 60)
+
+
+def oracle_error(spread: float, n: int) -> float:
+    return spread if n < 4 else (math.pi / 2) ** 0.5 * spread / 1.349 / n ** 0.5
+
+
+def test_standard_error_of_a_median():
+    assert standard_error(0.2, 40) == pytest.approx(1.2533 * 0.2 / 1.349 / 40 ** 0.5, rel=1e-4)
+    assert standard_error(0.2, 3) == 0.2 and standard_error(0.2, None) == 0.2  # no quartiles: the spread
+
+
+@given(before=positive, ratio=st.floats(0.2, 5.0), s0=spread, s1=spread, n0=repeats, n1=repeats,
+       floor=st.floats(0.0, 0.3), extra=st.floats(0.0, 0.3), z=st.floats(0.0, 5.0))
+def test_gated_time_verdict_is_the_closed_form(before, ratio, s0, s1, n0, n1, floor, extra, z):
+    thresholds = Thresholds(gate_floor=floor, gate_cap=floor + extra, gate_z=z)
+    (finding,) = compare(report({"x": Figure("time", before * ratio, s1, "ms", gated=True, repeats=n1)}),
+                         report({"x": Figure("time", before, s0, "ms", gated=True, repeats=n0)}),
+                         thresholds=thresholds)
+    band = min(floor + extra, max(floor, z * math.hypot(oracle_error(s0, n0), oracle_error(s1, n1))))
+    assert finding.gated and finding.band == pytest.approx(band)
+    change = ratio - 1
+    if abs(change - band) > 1e-9 and abs((1 + change) * (1 + band) - 1) > 1e-9:  # off the boundaries
+        expected = "regression" if change > band else "improved" if (1 + change) * (1 + band) < 1 else "ok"
+        assert finding.verdict == expected
+
+
+def test_a_noisy_run_does_not_widen_a_gated_band_past_its_cap():
+    # Spreads of 90% over 5 samples: 3 standard errors are about 120%, and would let a 20% slowdown through.
+    before, now = Figure("time", 1.0, 0.9, gated=True, repeats=5), Figure("time", 1.2, 0.9, gated=True, repeats=5)
+    (finding,) = compare(report({"x": now}), report({"x": before}))
+    assert finding.band == Thresholds().gate_cap < 0.2 and finding.verdict == "regression"
+
+
+def test_thresholds_refuse_a_cap_below_the_floor():
+    with pytest.raises(UsageError, match="--gate-cap 0.1 is below --gate-floor 0.2"):
+        Thresholds(gate_floor=0.2, gate_cap=0.1)
+
+
+# -- groups -------------------------------------------------------------------------------------------
 
 rows_of_a_group = st.lists(st.tuples(positive, st.floats(0.2, 5.0), spread, spread), min_size=1, max_size=6)
 
 
-@given(rows=rows_of_a_group, speedup_floor=st.floats(0.0, 1.0), group_factor=st.floats(0.0, 4.0))
-def test_group_verdict_is_the_closed_form_and_rows_are_reported_only(rows, speedup_floor, group_factor):
-    before = {f"m/{i}/speedup": Figure.speedup(Stat(b, s0, 15), group="m") for i, (b, _, s0, _) in enumerate(rows)}
-    now = {f"m/{i}/speedup": Figure.speedup(Stat(b / r, s1, 15), group="m") for i, (b, r, _, s1) in enumerate(rows)}
-    thresholds = Thresholds(speedup_floor=speedup_floor, group_noise_factor=group_factor)
+@given(rows=rows_of_a_group, n=repeats, floor=st.floats(0.0, 0.3), extra=st.floats(0.0, 0.3),
+       z=st.floats(0.0, 4.0))
+def test_gated_group_verdict_is_the_closed_form_and_rows_are_reported_only(rows, n, floor, extra, z):
+    before = {f"m/{i}/host": Figure("time", b, s0, "x", "m", True, n) for i, (b, _, s0, _) in enumerate(rows)}
+    now = {f"m/{i}/host": Figure("time", b * r, s1, "x", "m", True, n) for i, (b, r, _, s1) in enumerate(rows)}
+    thresholds = Thresholds(gate_floor=floor, gate_cap=floor + extra, gate_z=z)
     findings = compare(report(now), report(before), thresholds=thresholds)
     *singles, group = findings
-    assert group.key == "m/speedup (geometric mean)" and all(not f.failed for f in singles)
-    # Oracle: the geometric mean of the rows' before / now = of r, and the standard error of the mean.
+    assert group.key == "m/host (geometric mean)" and group.members == tuple(before)
+    assert all(not f.failed and not f.gated for f in singles)
+    # Oracle: the geometric mean of the rows' now / before = of r, and the standard error of its mean.
     mean = 1.0
     for _, r, _, _ in rows:
         mean *= r ** (1 / len(rows))
-    error = (sum(max(s0, s1) ** 2 for _, _, s0, s1 in rows) / len(rows)) ** 0.5 / len(rows) ** 0.5
-    band = max(speedup_floor, group_factor * error)
+    error = sum(oracle_error(s0, n) ** 2 + oracle_error(s1, n) ** 2 for _, _, s0, s1 in rows) ** 0.5 / len(rows)
+    band = min(floor + extra, max(floor, z * error))
     assert group.band == pytest.approx(band) and group.change == pytest.approx(mean - 1)
     if abs(mean - 1 - band) > 1e-9 and abs(mean * (1 + band) - 1) > 1e-9:  # off the boundaries
         expected = "regression" if mean - 1 > band else "improved" if mean * (1 + band) < 1 else "ok"
@@ -127,21 +180,34 @@ def test_group_verdict_is_the_closed_form_and_rows_are_reported_only(rows, speed
         assert failed(findings) == ([group] if expected == "regression" else [])
 
 
+@given(rows=rows_of_a_group)
+def test_a_speedup_group_is_reported_never_failed(rows):
+    before = {f"m/{i}/speedup": Figure.speedup(Stat(b, s0, 15), group="m") for i, (b, _, s0, _) in enumerate(rows)}
+    now = {f"m/{i}/speedup": Figure.speedup(Stat(b / r, s1, 15), group="m") for i, (b, r, _, s1) in enumerate(rows)}
+    findings = compare(report(now), report(before))
+    assert not failed(findings) and findings[-1].key == "m/speedup (geometric mean)" and not findings[-1].gated
+
+
 def test_a_group_compares_the_rows_both_runs_have_and_one_bad_row_is_diluted():
-    before = report({f"m/{b}/speedup": Figure.speedup(Stat(4.0, 0.0, 15), group="m") for b in "abcd"})
-    now = report({"m/a/speedup": Figure.speedup(Stat(2.0, 0.0, 15), group="m"),
-                  **{f"m/{b}/speedup": Figure.speedup(Stat(4.0, 0.0, 15), group="m") for b in "bcd"}})
+    def host(value: float) -> Figure:
+        return Figure("time", value, 0.0, "x", "m", True, 40)
+
+    before = report({f"m/{b}/host": host(1.0) for b in "abcd"})
+    now = report({"m/a/host": host(1.5), **{f"m/{b}/host": host(1.0) for b in "bcd"}})
     findings = {f.key: f for f in compare(now, before)}
-    assert findings["m/a/speedup"].verdict == "slower"  # one row halved: reported
-    assert findings["m/speedup (geometric mean)"].verdict == "ok"  # mean 2 ** (1/4) - 1 = 19% < 25%
-    now["figures"]["m/b/speedup"]["value"] = 2.0  # two rows halved: 41% worse
-    assert failed(compare(now, before))[0].key == "m/speedup (geometric mean)"
+    assert findings["m/a/host"].verdict == "slower"  # one row 50% slower: reported
+    assert findings["m/host (geometric mean)"].verdict == "ok"  # mean 1.5 ** (1/4) - 1 = 10.7% < 12%
+    now["figures"]["m/b/host"]["value"] = 1.5  # two rows: 22.5% slower
+    assert failed(compare(now, before))[0].key == "m/host (geometric mean)"
 
 
-def test_a_baseline_without_groups_is_read_with_the_runs_groups():
-    before = report({"m/a/speedup": Figure.speedup(Stat(4.0, 0.0, 15))})
-    now = report({"m/a/speedup": Figure.speedup(Stat(1.0, 0.0, 15), group="m")})
-    assert [f.verdict for f in compare(now, before)] == ["slower", "regression"]
+def test_groups_are_per_figure_name_and_a_baseline_without_groups_is_read_with_the_runs():
+    before = report({"m/a/host": Figure("time", 1.0, gated=True), "m/a/speedup": Figure("speedup", 4.0)})
+    now = report({"m/a/host": Figure("time", 2.0, group="m", gated=True),
+                  "m/a/speedup": Figure("speedup", 1.0, group="m")})
+    findings = {f.key: f.verdict for f in compare(now, before)}
+    assert findings == {"m/a/host": "slower", "m/a/speedup": "slower", "m/host (geometric mean)": "regression",
+                        "m/speedup (geometric mean)": "slower"}
 
 
 def test_improvements_and_new_figures_pass_missing_ones_fail():
@@ -175,6 +241,19 @@ def test_incomparable_runs_are_usage_errors(change, message):
     now = report({"x": Figure.count(1)}, **change)
     with pytest.raises(UsageError, match=message.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(")):
         compare(now, baseline)
+
+
+def test_a_baseline_of_another_gate_version_is_a_usage_error_naming_the_command_that_records_it():
+    baseline = report({"x": Figure.count(1)})
+    del baseline["gate_version"]  # written before the field existed: version 1
+    now = report({"x": Figure.count(1)})
+    now["gate_version"] = 2
+    with pytest.raises(UsageError) as refused:
+        check_comparable(now, baseline, rerecord="python -m harness bench runner --record-baseline b.json")
+    message = str(refused.value)
+    assert "\n" not in message and "gate version 1 of bench runner, this harness gates version 2" in message
+    assert message.endswith("re-record it on cuda:NVIDIA H200/cuda: python -m harness bench runner "
+                            "--record-baseline b.json")
 
 
 def test_repeat_and_implementation_may_differ():
@@ -220,6 +299,16 @@ def test_bad_baseline_files_are_one_line_errors(tmp_path):
 @pytest.mark.parametrize("path", sorted(BASELINES.glob("*.json")), ids=lambda p: p.name)
 def test_committed_baselines_are_readable_and_pass_against_themselves(path):
     baseline = read_json(path)
+    module = importlib.import_module(BENCHMARKS[baseline["benchmark"]])
+    version = getattr(module, "GATE_VERSION", DEFAULT_GATE_VERSION)
+    if baseline.get("gate_version", DEFAULT_GATE_VERSION) != version:
+        # Recorded on a device this machine is not (the H200): refused until re-recorded there.
+        assert not baseline["environment"]["emulated"], f"{path.name}: re-record it (emulated: on this machine)"
+        run = {**copy.deepcopy(baseline), "gate_version": version}  # what a run of this harness writes
+        with pytest.raises(UsageError, match=f"this harness gates version {version}"):
+            compare(run, baseline)
+        pytest.xfail(f"{path.name} holds gate version {baseline.get('gate_version', DEFAULT_GATE_VERSION)}: "
+                     "re-record it on its device")
     findings = compare(copy.deepcopy(baseline), baseline)
     assert findings and not failed(findings)
     if baseline["environment"]["emulated"]:  # the emulation makes no speed claim

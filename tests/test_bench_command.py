@@ -55,7 +55,7 @@ def runner_baseline(tmp_path_factory) -> Path:
 
 def test_emulated_report_holds_counts_and_no_times(runner_baseline):
     report = json.loads(runner_baseline.read_text())
-    assert report["environment"]["device_class"] == "cpu/emulated"
+    assert report["environment"]["device_class"] == "cpu/emulated" and report["gate_version"] == 2
     assert {figure["kind"] for figure in report["figures"].values()} == {"count"}
     assert report["figures"]["dense/tiny/2+2/eager_fallbacks"]["value"] == 0
     # Four buckets captured, each a graph of attention breaks between segments.
@@ -66,6 +66,11 @@ def test_rerun_passes_and_eager_fallback_fails(bench, runner_baseline):
     rerun = bench("runner", *SMALL, "--baseline", str(runner_baseline))
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
     assert "no regression" in rerun.stdout
+    # 20% slower on the host path only: on the emulation, which compares counts, it is the reference (the
+    # GPU run's gated host ratio is what catches it).
+    host = bench("runner", *SMALL, "--baseline", str(runner_baseline),
+                 "--impl", "runner=harness.bench.variants:HostSlowedRunner")
+    assert host.returncode == 0, host.stdout + host.stderr
     fallback = bench("runner", *SMALL, "--baseline", str(runner_baseline),
                      "--impl", "runner=harness.bench.variants:EagerFallbackRunner")
     assert fallback.returncode == 1, fallback.stdout + fallback.stderr

@@ -6,6 +6,7 @@ options and the exit statuses are in the README's Benchmarks section."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import os
 import shlex
@@ -16,7 +17,16 @@ from typing import Any
 
 from harness import impls, locations
 from harness.bench import baseline as baselines
-from harness.bench.report import check_plot_extra, environment, format_header, make_report, read_json, write_json
+from harness.bench.report import (
+    DEFAULT_GATE_VERSION,
+    Result,
+    check_plot_extra,
+    environment,
+    format_header,
+    make_report,
+    read_json,
+    write_json,
+)
 from harness.bench.timing import spin_up
 from harness.devices import BACKEND_CHOICES, DEVICE_CHOICES, resolve, use_one_compile_worker
 from harness.errors import HarnessError, UsageError
@@ -49,13 +59,19 @@ def _shared_options() -> argparse.ArgumentParser:
                        help="write this run's report as a baseline of the implementation under test (the file "
                             "--json writes), for later runs' --baseline PATH; not with --baseline")
     group.add_argument("--time-floor", type=float, default=baselines.Thresholds.floor,
-                       help="smallest relative change of a time or single speed-up reported as slower or faster "
-                            "(default %(default)s; reported, never failed)")
+                       help="smallest relative change of a reported (not gated) time or speed-up shown as slower or "
+                            "faster (default %(default)s; reported, never failed)")
     group.add_argument("--noise-factor", type=float, default=baselines.Thresholds.noise_factor,
                        help="...and how many spreads of the noisier run it must exceed (default %(default)s)")
-    group.add_argument("--speedup-floor", type=float, default=baselines.Thresholds.speedup_floor,
-                       help="smallest worsening of a model's mean speed-up that fails (default %(default)s; "
-                            "counts fail on any change)")
+    group.add_argument("--gate-floor", type=float, default=baselines.Thresholds.gate_floor,
+                       help="smallest worsening of a gated time (alone or a group's geometric mean) that fails "
+                            "(default %(default)s; counts fail on any change)")
+    group.add_argument("--gate-cap", type=float, default=baselines.Thresholds.gate_cap,
+                       help="largest band of a gated time however noisy the runs (default %(default)s): noise "
+                            "beyond it is settled by re-measuring")
+    group.add_argument("--confirm", type=int, default=2, metavar="N",
+                       help="re-measure a gated time beyond its band up to N times; it fails only if every "
+                            "re-measurement is beyond its band too (default %(default)s; 0: fail at once)")
     group.add_argument("--plot", metavar="PNG",
                        help="also plot the speed-ups (needs matplotlib: pip install 'llm-graph-harness[plot]')")
     return shared
@@ -92,10 +108,12 @@ def _implementations(options: list[str], components: Sequence[str]) -> dict[str,
     return {spec: impls.load(component, spec)}
 
 
-def _matching_command(options: argparse.Namespace, baseline: dict[str, Any], *, path: str | None = None) -> str | None:
+def _matching_command(options: argparse.Namespace, baseline: dict[str, Any], *, path: str | None = None,
+                      record: bool = False) -> str | None:
     """The bench command line that measures what ``baseline`` holds (its benchmark, device class and
     settings), with this run's implementation, gated on ``path`` (default: this run's ``--baseline``);
-    None for a baseline this version cannot read back."""
+    with ``record``, the one that records it again: its own implementation and number of repeats, written
+    to ``path``. None for a baseline this version cannot read back."""
     name = baseline.get("benchmark")
     try:
         module = importlib.import_module(BENCHMARKS[name])
@@ -103,11 +121,28 @@ def _matching_command(options: argparse.Namespace, baseline: dict[str, Any], *, 
         arguments = module.arguments_for(baseline["settings"])
     except (KeyError, TypeError, AttributeError):
         return None
-    impl = [word for spec in options.impl if spec.partition("=")[0] in module.COMPONENTS for word in ("--impl", spec)]
+    if record:
+        spec = baseline.get("implementation", "reference")
+        impl = [] if spec == "reference" else ["--impl", f"{module.COMPONENTS[0]}={spec}"]
+        repeats = _recorded_repeats(baseline)
+        impl += ["--repeat", str(repeats)] if repeats else []
+    else:
+        impl = [word for spec in options.impl if spec.partition("=")[0] in module.COMPONENTS
+                for word in ("--impl", spec)]
     words = ["python", "-m", "harness", "bench", name, "--device", "cuda" if where.startswith("cuda") else "cpu",
-             "--graph-backend", backend, *arguments, *impl, "--baseline", path or options.baseline]
+             "--graph-backend", backend, *arguments, *impl, "--record-baseline" if record else "--baseline",
+             path or options.baseline]
     gpu = where.removeprefix("cuda:") if where.startswith("cuda:") else None
     return shlex.join(words) + (f" (on an {gpu})" if gpu else "")
+
+
+def _recorded_repeats(report: dict[str, Any]) -> int | None:
+    """The --repeat a report was measured with: the samples of its first timed row figure (None for counts only)."""
+    for row in report.get("rows", ()):
+        for value in row.values():
+            if isinstance(value, dict) and "repeats" in value and "median" in value:
+                return int(value["repeats"])
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -136,31 +171,41 @@ def _run(options: argparse.Namespace) -> int:
     backend = backend_for(placement)
     requested = module.settings_of(options, device=device)
     env = environment(device, backend_name)
-    baseline = read_json(locations.resolve_baseline(options.baseline)) if options.baseline else None
-    if baseline is not None:  # a bad file, another benchmark, device class or settings: refused before measuring
-        baselines.check_comparable({"benchmark": options.benchmark, "environment": env, "settings": requested},
-                                   baseline, rerun=_matching_command(options, baseline))
+    gate_version = getattr(module, "GATE_VERSION", DEFAULT_GATE_VERSION)
+    if options.confirm < 0:
+        raise UsageError(f"--confirm {options.confirm}: the number of re-measurements is 0 or more")
+    baseline = None
+    if options.baseline:
+        # A bad file, another benchmark, device class, gate version or settings: refused before measuring.
+        baseline_path = locations.resolve_baseline(options.baseline)
+        baseline = read_json(baseline_path)
+        baselines.check_comparable({"benchmark": options.benchmark, "environment": env, "settings": requested,
+                                    "gate_version": gate_version},
+                                   baseline, rerun=_matching_command(options, baseline),
+                                   rerecord=_matching_command(options, baseline, path=_shown(baseline_path),
+                                                              record=True))
     implementations = _implementations(options.impl, module.COMPONENTS)
     if options.plot:
         if not hasattr(module, "plot"):
             raise UsageError(f"bench {options.benchmark} has no plot")
         check_plot_extra()
     thresholds = baselines.Thresholds(floor=options.time_floor, noise_factor=options.noise_factor,
-                                      speedup_floor=options.speedup_floor)
+                                      gate_floor=options.gate_floor, gate_cap=options.gate_cap)
     spin_up(device)
     result = module.run(options, device=device, backend=backend, implementations=implementations,
                         repeat=options.repeat or 30)
     (spec,) = implementations
     print(format_header(f"bench {options.benchmark} ({spec})", env, result.settings))
     print(module.format_table(result, device=device))
-    report = make_report(benchmark=options.benchmark, env=env, result=result, implementation=spec)
+    report = make_report(benchmark=options.benchmark, env=env, result=result, implementation=spec,
+                         gate_version=gate_version)
     noise = report["noise"]
     if noise["timed_figures"]:
         print(f"noise: {noise['timed_figures']} timed figures, median spread {noise['median_spread'] * 100:.1f}%, "
-              f"largest {noise['max_spread'] * 100:.1f}%; against a baseline, a time or single speed-up is reported "
-              f"beyond max({thresholds.floor * 100:.0f}%, {thresholds.noise_factor:g} x spread), a model's mean "
-              f"speed-up fails beyond max({thresholds.speedup_floor * 100:.0f}%, "
-              f"{thresholds.group_noise_factor:g} standard errors)")
+              f"largest {noise['max_spread'] * 100:.1f}%; against a baseline, a gated time fails beyond "
+              f"min({thresholds.gate_cap * 100:.0f}%, max({thresholds.gate_floor * 100:.0f}%, "
+              f"{thresholds.gate_z:g} standard errors)) when re-measuring confirms it, other times and speed-ups "
+              f"are reported beyond max({thresholds.floor * 100:.0f}%, {thresholds.noise_factor:g} x spread)")
     if options.json:
         write_json(report, options.json)
         print(f"wrote {options.json}")
@@ -179,7 +224,41 @@ def _run(options: argparse.Namespace) -> int:
     status = 1 if getattr(module, "failed", lambda result: False)(result) else 0
     if baseline is not None:
         findings = baselines.compare(report, baseline, thresholds=thresholds)
+        findings = _confirmed(findings, baseline, result, options.confirm, thresholds)
         print(baselines.format_findings(findings, baseline_path=options.baseline, thresholds=thresholds))
         if baselines.failed(findings):
             status = 1
     return status
+
+
+def _confirmed(findings: list[baselines.Finding], baseline: dict[str, Any], result: Result, attempts: int,
+               thresholds: baselines.Thresholds) -> list[baselines.Finding]:
+    """``findings`` with every suspected regression re-measured (:func:`harness.bench.baseline.confirm`), saying
+    what is re-measured; a run that fails on counts or missing figures is not: re-measuring cannot change that."""
+    suspected = baselines.suspects(findings)
+    if not suspected or attempts == 0:
+        return findings
+    exact = baselines.exact_failures(findings)
+    if exact:
+        print(f"not re-measuring {len(suspected)} gated time(s) beyond their bands: {len(exact)} finding(s) fail "
+              "exactly (counts or missing figures), which re-measuring cannot change")
+        return findings
+    if result.remeasure is None:
+        print(f"bench cannot re-measure; {len(suspected)} gated time(s) beyond their bands fail as first measured")
+        return findings
+    remeasure = result.remeasure
+    print(f"re-measuring {len(suspected)} gated time(s) beyond their bands, up to {attempts} time(s): "
+          + ", ".join(f.key for f in suspected))
+
+    def fresh(keys: Sequence[str]) -> dict[str, dict[str, Any]]:
+        return {key: dataclasses.asdict(figure) for key, figure in remeasure(keys).items()}
+
+    return baselines.confirm(findings, baseline, fresh, thresholds=thresholds, attempts=attempts)
+
+
+def _shown(path: Path) -> str:
+    """``path`` relative to the current folder where it lies under it (as a checkout's committed baselines do)."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)

@@ -1,8 +1,9 @@
 """What every benchmark reports: the environment header, rows, figures with their spread, JSON, a plot.
 
-A figure is a named number of kind ``count`` (exact), ``time`` (reported only) or ``speedup`` (gated by
-group); on the emulated backend only counts are produced. The README's Benchmarks section explains
-how :mod:`harness.bench.baseline` compares them."""
+A figure is a named number of kind ``count`` (exact), ``time`` or ``speedup``; a time is gated (beyond a
+noise band, alone or by group) or reported only, and speed-ups are reported only. On the emulated backend
+only counts are produced. The README's Benchmarks section explains how :mod:`harness.bench.baseline`
+compares them."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import platform
 import shutil
 import statistics
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from harness.errors import UsageError
 __all__ = [
     "SCHEMA",
     "FIGURE_KINDS",
+    "DEFAULT_GATE_VERSION",
     "Stat",
     "Figure",
     "Result",
@@ -39,6 +41,10 @@ __all__ = [
 
 SCHEMA = 1
 FIGURE_KINDS = ("count", "time", "speedup")
+# What a report's figures are gated on is versioned per benchmark (a module's ``GATE_VERSION``, written as the
+# report's ``gate_version``): a baseline of another version holds other gated figures and cannot be compared.
+# Reports written before the field existed are version 1.
+DEFAULT_GATE_VERSION = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,41 +79,52 @@ class Stat:
 
 @dataclasses.dataclass(frozen=True)
 class Figure:
-    """One compared number: ``kind`` in :data:`FIGURE_KINDS`, ``spread`` relative (0 for counts),
-    ``group``: the speed-ups gated together (see :mod:`harness.bench.baseline`)."""
+    """One compared number: ``kind`` in :data:`FIGURE_KINDS`, ``spread`` relative (0 for counts) over
+    ``repeats`` samples, ``group``: the figures compared together by their geometric mean, ``gated``:
+    whether a change beyond its band fails (counts always are; see :mod:`harness.bench.baseline`)."""
 
     kind: str
     value: float | None
     spread: float = 0.0
     unit: str = ""
     group: str | None = None
+    gated: bool = False
+    repeats: int | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in FIGURE_KINDS:
             raise ValueError(f"figure kind {self.kind!r} is not one of {FIGURE_KINDS}")
+        if self.kind == "speedup" and self.gated:
+            raise ValueError("speed-ups are reported, not gated: a ratio of two separately timed host-bound "
+                             "figures swings with the host")
 
     @classmethod
     def count(cls, value: float | None, unit: str = "") -> Figure:
-        return cls("count", value, 0.0, unit)
+        return cls("count", value, 0.0, unit, gated=True)
 
     @classmethod
-    def time(cls, stat: Stat, unit: str) -> Figure:
-        return cls("time", stat.median, stat.spread, unit)
+    def time(cls, stat: Stat, unit: str, *, gated: bool = False, group: str | None = None) -> Figure:
+        return cls("time", stat.median, stat.spread, unit, group, gated, stat.repeats)
 
     @classmethod
     def speedup(cls, stat: Stat, *, group: str | None = None) -> Figure:
-        return cls("speedup", stat.median, stat.spread, "x", group)
+        return cls("speedup", stat.median, stat.spread, "x", group, False, stat.repeats)
 
 
 @dataclasses.dataclass
 class Result:
     """What a benchmark's ``run`` returns: its settings, table rows (values may be :class:`Stat`),
-    compared figures, and anything else worth keeping in the JSON (``extra``)."""
+    compared figures, and anything else worth keeping in the JSON (``extra``).
+
+    ``remeasure``, where the benchmark can, measures the rows of the given figure keys again and returns
+    their fresh figures (keyed like ``figures``): how a suspected regression is confirmed before it fails.
+    It is not part of the JSON."""
 
     settings: dict[str, Any]
     rows: list[dict[str, Any]]
     figures: dict[str, Figure]
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+    remeasure: Callable[[Sequence[str]], Mapping[str, Figure]] | None = dataclasses.field(default=None, repr=False)
 
 
 def _jsonable(value: Any) -> Any:
@@ -181,16 +198,18 @@ def format_stat(stat: Stat | None, *, scale: float = 1.0, digits: int = 2, unit:
     return f"{stat.median * scale:.{digits}f}{unit} ±{stat.spread * 100:.0f}%"
 
 
-def make_report(*, benchmark: str, env: Mapping[str, Any], result: Result,
-                implementation: str) -> dict[str, Any]:
-    """The JSON document of one run; ``noise`` summarises the spreads of its timed figures."""
+def make_report(*, benchmark: str, env: Mapping[str, Any], result: Result, implementation: str,
+                gate_version: int = DEFAULT_GATE_VERSION) -> dict[str, Any]:
+    """The JSON document of one run; ``noise`` summarises the spreads of its timed figures, ``gate_version``
+    names the gated figures' version (the benchmark's ``GATE_VERSION``)."""
     figures = result.figures
     spreads = sorted(f.spread for f in figures.values() if f.kind != "count" and f.value is not None)
     noise = {"timed_figures": len(spreads),
              "median_spread": statistics.median(spreads) if spreads else None,
              "max_spread": spreads[-1] if spreads else None}
     # The implementation is not a setting: comparing a changed implementation with a baseline is the point.
-    return {"schema": SCHEMA, "benchmark": benchmark, "implementation": implementation, "environment": dict(env),
+    return {"schema": SCHEMA, "gate_version": gate_version, "benchmark": benchmark, "implementation": implementation,
+            "environment": dict(env),
             "settings": _jsonable(result.settings), "rows": _jsonable(result.rows),
             "figures": {k: dataclasses.asdict(f) for k, f in figures.items()}, "noise": noise,
             **_jsonable(result.extra)}

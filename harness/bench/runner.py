@@ -1,8 +1,8 @@
 """``python -m harness bench runner``: what replaying the layer stack buys over eager, and where it goes.
 
 For each zoo model and size and each batch composition: launches, fallbacks, times and the replay's
-split (segments, breaks, eager glue, runner overhead), per-bucket capture figures, then the per-layer
-divergence table. The README's Benchmarks section describes the table."""
+split (segments, breaks, eager glue, the runner's host overhead), per-bucket capture figures, then the
+per-layer divergence table. The README's Benchmarks section describes the table and what a baseline gates."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import contextlib
 import dataclasses
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -32,11 +32,25 @@ from harness.runner.divergence import (
     format_divergence_table,
 )
 
-__all__ = ["COMPONENTS", "SIZES", "FULL", "QUICK", "add_options", "settings_of", "arguments_for", "run", "figures_of",
-           "format_table", "plot"]
+__all__ = ["COMPONENTS", "GATE_VERSION", "HOST_SAMPLES", "SIZES", "FULL", "QUICK", "add_options", "settings_of",
+           "arguments_for", "run", "figures_of", "format_table", "plot", "shared_models"]
 
 COMPONENTS = ("runner",)
 DESCRIPTION = __doc__.splitlines()[0]
+# What a baseline gates (harness.bench.baseline): version 1 gated each model's mean speed-up; version 2
+# gates the captured segments' GPU time and each model's runner host overhead relative to a host reference,
+# which a version-1 baseline does not hold.
+GATE_VERSION = 2
+# Samples of the replay's split (segments, breaks, host overhead), whatever --repeat: the gated host figure
+# is a median, whose standard error is about a sixth of the samples' spread with this many, small enough
+# beside the gate's floor for a 20% slower host path to stand out in one measurement.
+HOST_SAMPLES = 40
+# GPU work queued before each captured segment while its time is measured, in GPU clock cycles (about
+# 0.2 ms at the H200's clock): long enough to cover the host's recording of the start event and launching
+# the graph, even on a slow host, so that the events time the segment's kernels and not the launch latency.
+SEGMENT_LEAD_CYCLES = 400_000
+# The host reference's iterations (host_reference): about as much host work as a runner's own per call.
+REFERENCE_OPS = 32
 
 # "tiny" is the suites' size (host-bound on any GPU); "large" gives the GPU real work per layer.
 SIZES: dict[str, ModelConfig] = {
@@ -116,44 +130,72 @@ def arguments_for(recorded: dict[str, Any]) -> list[str]:
             "--dtype", recorded["dtype"]]
 
 
+@dataclasses.dataclass
+class _Replayed:
+    """What one instrumented call measured inside its graph replays (milliseconds)."""
+
+    segments_gpu: float = 0.0
+    breaks_gpu: float = 0.0
+    breaks_host: float = 0.0
+    host_in_graphs: float = 0.0
+    segments: int = 0
+
+
 class _Probe:
-    """Per-replay accounting of one instrumented graph: CUDA events around each step when enabled."""
+    """Per-replay accounting of the instrumented graphs while ``enabled``: each captured segment's GPU time
+    and each eager break's GPU time (CUDA events; none off CUDA) and host time, and the host time spent inside
+    graph replays, until :meth:`drain`."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, gpu: bool = False) -> None:
         self.enabled = False
+        self.gpu = gpu
         self.pending: list[tuple[str, Any, Any]] = []
-        self.host_in_graph = 0.0
+        self.replayed = _Replayed()
 
-    def drain(self) -> tuple[float, float, float]:
-        """(segments ms, breaks ms, host ms inside graph replays) since the last drain; synchronises."""
-        segments = breaks = 0.0
+    def drain(self) -> _Replayed:
+        """What the replays since the last drain measured; waits for their events."""
+        replayed, self.replayed = self.replayed, _Replayed()
         for kind, start, end in self.pending:
             end.synchronize()
             if kind == "segment":
-                segments += start.elapsed_time(end)
+                replayed.segments_gpu += start.elapsed_time(end)
             else:
-                breaks += start.elapsed_time(end)
-        host, self.pending, self.host_in_graph = self.host_in_graph, [], 0.0
-        return segments, breaks, host
+                replayed.breaks_gpu += start.elapsed_time(end)
+        self.pending = []
+        return replayed
 
 
 class _TimedGraph(BreakableGraph):
     probe: _Probe
 
     def replay(self) -> Any:
-        if not self.probe.enabled:
+        probe = self.probe
+        if not probe.enabled:
             return super().replay()
-        host_start = time.perf_counter()
+        entered = time.perf_counter()
+        replayed = probe.replayed
         for step in self.steps:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
+            is_break = isinstance(step, Break)
+            if probe.gpu:
+                if not is_break:
+                    # The segment's time must not depend on the host: with GPU work queued ahead of it, the GPU
+                    # is still busy when the host has recorded the start event and launched the graph, so the
+                    # events enclose the segment's kernels alone. Without it they also enclose the host's launch
+                    # latency, which moves with the host's speed, as the breaks' times do.
+                    torch.cuda._sleep(SEGMENT_LEAD_CYCLES)
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+            began = time.perf_counter()
             if isinstance(step, Break):
                 self.replay_break(step)
+                replayed.breaks_host += (time.perf_counter() - began) * 1e3
             else:
                 step.replay()
-            end.record()
-            self.probe.pending.append(("break" if isinstance(step, Break) else "segment", start, end))
-        self.probe.host_in_graph += (time.perf_counter() - host_start) * 1e3
+                replayed.segments += 1
+            if probe.gpu:
+                end.record()
+                probe.pending.append(("break" if is_break else "segment", start, end))
+        replayed.host_in_graphs += (time.perf_counter() - entered) * 1e3
         return self.output
 
 
@@ -165,7 +207,7 @@ class InstrumentedCapturer(GraphCapturer):
 
     def __init__(self, backend: Any) -> None:
         super().__init__(backend)
-        self.probe = _Probe()
+        self.probe = _Probe(gpu=backend.name == "cuda")
         self.captures: list[dict[str, Any]] = []
 
     def capture(self, fn: Callable[[], Any], *, pool: Any = None, warmup_runs: int = 1) -> BreakableGraph:
@@ -233,14 +275,86 @@ def _fallbacks(runner: Any) -> int | None:
 
 def _launches(fn: Callable[[], Any], device: torch.device) -> dict[str, float | None]:
     fn()
-    counted = count_launches(fn, device=device)
+    # One profiled call after a warm-up: a steady-state call launches the same each time, and every profiled
+    # call adds the profiler's processing of its events to the run's time.
+    counted = count_launches(fn, device=device, calls=1)
     if device.type == "cuda":
         return {"launches": counted.host_launches, "kernels": counted.kernels}
     return {"launches": counted.aten_ops, "kernels": None}
 
 
+@dataclasses.dataclass(frozen=True)
+class _ReferenceStep:
+    index: int
+    tensor: torch.Tensor
+
+
+def host_reference(device: torch.device) -> Callable[[], None]:
+    """A fixed piece of host work like a runner's own host path: Python-level work (a dataclass replaced, a
+    context entered, as runners do with batches and patches) and small tensor copies and clones (one launch
+    each on CUDA), timed beside every sample of the runner's. The ratio of the two does not move with how
+    fast the host happens to be, which on a shared GPU host changes between runs and within one."""
+    source = torch.zeros(64, device=device)
+    target = torch.empty_like(source)
+
+    def work() -> None:
+        step = _ReferenceStep(0, source)
+        for index in range(REFERENCE_OPS):
+            step = dataclasses.replace(step, index=index)
+            with contextlib.nullcontext():
+                target.copy_(step.tensor)
+                step.tensor[:32].clone()
+
+    return work
+
+
+def measure_split(run_call: Callable[[], Any], capturer: InstrumentedCapturer, reference: Callable[[], None], *,
+                  device: torch.device, samples: int) -> dict[str, Stat | None]:
+    """``samples`` instrumented calls of ``run_call``, each after one call of ``reference``: the captured
+    segments' GPU time (``segments_gpu``; CUDA only), the eager breaks' GPU and host time (``breaks_gpu``,
+    ``breaks_host``), the call's host time outside graph replays (``runner_host``: the runner's own work and
+    the model's eager glue), the reference's host time (``host_reference``) and, per sample, the ratio of the
+    two (``host_ratio``), all in ms. Segment and break figures are None when no captured graph replayed."""
+    probe = capturer.probe
+    on_cuda = probe.gpu
+    probe.drain()
+    figures: dict[str, list[float]] = {name: [] for name in (
+        "segments_gpu", "breaks_gpu", "breaks_host", "runner_host", "host_reference", "host_ratio")}
+    segments = 0
+    for _ in range(samples):
+        synchronize(device)  # every sample starts from an idle GPU
+        started = time.perf_counter()
+        reference()
+        referenced = time.perf_counter()
+        probe.enabled = True
+        try:
+            run_call()
+            ended = time.perf_counter()
+        finally:
+            probe.enabled = False
+        replayed = probe.drain()
+        synchronize(device)
+        segments += replayed.segments
+        host = max((ended - referenced) * 1e3 - replayed.host_in_graphs, 0.0)
+        reference_ms = (referenced - started) * 1e3
+        figures["segments_gpu"].append(replayed.segments_gpu)
+        figures["breaks_gpu"].append(replayed.breaks_gpu)
+        figures["breaks_host"].append(replayed.breaks_host)
+        figures["runner_host"].append(host)
+        figures["host_reference"].append(reference_ms)
+        figures["host_ratio"].append(host / reference_ms if reference_ms > 0 else 0.0)
+    split: dict[str, Stat | None] = {name: Stat.of(values) for name, values in figures.items()}
+    if not segments:  # a runner that never replayed the captured graphs
+        split.update(segments_gpu=None, breaks_gpu=None, breaks_host=None)
+    elif not on_cuda:  # no events: host times only
+        split.update(segments_gpu=None, breaks_gpu=None)
+    return split
+
+
 def _measure_batch(runner: Any, model: torch.nn.Module, capturer: InstrumentedCapturer, lengths: list[int], *,
-                   device: torch.device, repeat: int, config: ModelConfig) -> dict[str, Any]:
+                   device: torch.device, repeat: int, config: ModelConfig
+                   ) -> tuple[dict[str, Any], Callable[[], dict[str, Stat | None]] | None]:
+    """The row of one batch composition, and (CUDA) how to measure its split again."""
     batch = ForwardBatch.from_lengths(lengths, vocab_size=config.vocab_size, seed=len(lengths), device=device)
     run_call = getattr(runner, "run", None) or runner.replay
 
@@ -264,48 +378,63 @@ def _measure_batch(runner: Any, model: torch.nn.Module, capturer: InstrumentedCa
     row.update(launches_eager=eager_counts["launches"], launches_run=run_counts["launches"],
                kernels_eager=eager_counts["kernels"], kernels_run=run_counts["kernels"])
     if device.type != "cuda":
-        return row
+        return row, None
     eager_time = time_call(eager, device=device, repeat=repeat)
     run_time = time_call(replay, device=device, repeat=repeat)
     row.update(eager=eager_time.gpu, eager_wall=eager_time.wall, run=run_time.gpu, run_wall=run_time.wall,
                speedup=run_time.gpu.ratio_to(eager_time.gpu))
-    # The split: a second pass with events around every segment and break (the events cost a little,
-    # which is why the headline time comes from the uninstrumented pass above).
-    splits: dict[str, list[float]] = {"segments": [], "breaks": [], "outside": []}
-    capturer.probe.enabled = True
-    try:
-        capturer.probe.drain()
-        for _ in range(repeat):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            replay()
-            end.record()
-            end.synchronize()
-            segments, breaks, _ = capturer.probe.drain()
-            splits["segments"].append(segments)
-            splits["breaks"].append(breaks)
-            splits["outside"].append(max(start.elapsed_time(end) - segments - breaks, 0.0))
-    finally:
-        capturer.probe.enabled = False
+    # The split: a second pass with events around every segment and break (they and the GPU work queued
+    # before each segment cost time, which is why the headline time comes from the uninstrumented pass above).
+    reference = host_reference(device)
+
+    def split() -> dict[str, Stat | None]:
+        return measure_split(replay, capturer, reference, device=device, samples=max(repeat, HOST_SAMPLES))
+
+    row.update(split())
     with _stubbed_stack(model, batch):
-        glue = time_call(eager, device=device, repeat=repeat).gpu
-    row.update(segments=Stat.of(splits["segments"]), breaks=Stat.of(splits["breaks"]), glue=glue,
-               overhead=Stat.of([max(o - glue.median, 0.0) for o in splits["outside"]]))
-    if not splits["segments"] or max(splits["segments"]) == 0.0:  # a runner that never replayed our graphs
-        row.update(segments=None, breaks=None, overhead=None)
-    return row
+        row["glue"] = time_call(eager, device=device, repeat=repeat).gpu
+    return row, split
+
+
+# Models kept for the next run in this process (shared_models): None when every run builds its own.
+_SHARED_MODELS: dict[tuple[str, str, str, str], torch.nn.Module] | None = None
+
+
+@contextlib.contextmanager
+def shared_models() -> Iterator[None]:
+    """Runs inside the block build each zoo model (name, size, dtype, device) once and reuse it, for several
+    runs in one process (the bench step's slow variants): building the large models is a large part of a run.
+    Only for runners that leave the model as they found it, as the reference's variants do."""
+    global _SHARED_MODELS
+    outer, _SHARED_MODELS = _SHARED_MODELS, _SHARED_MODELS if _SHARED_MODELS is not None else {}
+    try:
+        yield
+    finally:
+        _SHARED_MODELS = outer
+
+
+def _model(name: str, size: str, dtype: str, device: torch.device) -> torch.nn.Module:
+    key = (name, size, dtype, str(device))
+    if _SHARED_MODELS is not None and key in _SHARED_MODELS:
+        return _SHARED_MODELS[key]
+    model = build_model(name, seed=0, dtype=_DTYPES[dtype], device=device, config=SIZES[size])
+    if _SHARED_MODELS is not None:
+        _SHARED_MODELS[key] = model
+    return model
 
 
 def run(options: argparse.Namespace, *, device: torch.device, backend: Any, implementations: dict[str, Any],
         repeat: int) -> Result:
-    """Capture and measure every model, size and batch composition."""
+    """Capture and measure every model, size and batch composition. The runners stay alive until the
+    result goes, so that a suspected regression can be measured again (:attr:`Result.remeasure`)."""
     settings = settings_of(options, device=device)
     (spec, implementation), = implementations.items()
     rows: list[dict[str, Any]] = []
+    splits: dict[str, tuple[dict[str, Any], Callable[[], dict[str, Stat | None]]]] = {}
     for size in settings["sizes"]:
         for name in settings["models"]:
             config = SIZES[size]
-            model = build_model(name, seed=0, dtype=_DTYPES[settings["dtype"]], device=device, config=config)
+            model = _model(name, size, settings["dtype"], device)
             capturer = InstrumentedCapturer(backend)
             synchronize(device)
             started = time.perf_counter()
@@ -319,22 +448,37 @@ def run(options: argparse.Namespace, *, device: torch.device, backend: Any, impl
                          "pool_total_mib": sum(c["pool_mib"] for c in capturer.captures)
                          if device.type == "cuda" else None})
             for lengths in settings["compositions"]:
-                row = _measure_batch(runner, model, capturer, lengths, device=device, repeat=repeat, config=config)
-                rows.append({"model": name, "size": size, "kind": "batch", **row})
-            del runner, model, capturer
+                measured, split = _measure_batch(runner, model, capturer, lengths, device=device, repeat=repeat,
+                                                 config=config)
+                row = {"model": name, "size": size, "kind": "batch", **measured}
+                rows.append(row)
+                if split is not None:
+                    splits[f"{name}/{size}/{row['batch']}"] = (row, split)
     names = [n.strip() for n in options.architectures.split(",") if n.strip()]
     divergence = architecture_divergence(names, graphs=GraphCapturer(backend), device=device,
                                          runner_factory=implementation.obj)
     extra = {"layer_divergence": {name: report if isinstance(report, str) else dataclasses.asdict(report)
                                   for name, report in divergence.items()}}
-    return Result(settings, rows, figures_of(rows), extra)
+
+    def remeasure(keys: Sequence[str]) -> dict[str, Figure]:
+        """Fresh figures of the rows of ``keys`` (``model/size/batch/figure``), their split measured again."""
+        fresh: dict[str, Figure] = {}
+        for row_key in dict.fromkeys(key.rsplit("/", 1)[0] for key in keys):
+            if row_key in splits:
+                row, split = splits[row_key]
+                fresh.update(figures_of([{**row, **split()}]))
+        return {key: fresh[key] for key in keys if key in fresh}
+
+    return Result(settings, rows, figures_of(rows), extra, remeasure=remeasure if splits else None)
 
 
 def figures_of(rows: list[dict[str, Any]]) -> dict[str, Figure]:
     """The compared figures of a run's rows (times as :class:`Stat`; absent on the emulation).
 
-    Counts per capture and per batch; per batch on CUDA the eager and run times (reported) and the
-    speed-up, grouped by model and size: a baseline gates each model's speed-ups together.
+    Gated: counts per capture and per batch; per batch on CUDA the captured segments' GPU time, and the
+    runner's host overhead as a ratio to the host reference, grouped by model and size (a baseline gates
+    each model's by their geometric mean). Reported: the eager and run times, the speed-up (grouped by model
+    and size, the group's mean reported too), the breaks' GPU and host time and the host overhead in ms.
     """
     figures: dict[str, Figure] = {}
     for row in rows:
@@ -354,6 +498,15 @@ def figures_of(rows: list[dict[str, Any]]) -> dict[str, Figure]:
             figures[f"{key}/eager_ms"] = Figure.time(row["eager"], "ms")
             figures[f"{key}/run_ms"] = Figure.time(row["run"], "ms")
             figures[f"{key}/speedup"] = Figure.speedup(row["speedup"], group=prefix)
+        # Rows of gate version 1 (tests/data) hold "segments" and "overhead" instead: measured with the host's
+        # launch latency inside, they are not figures of this version.
+        if isinstance(row.get("segments_gpu"), Stat):
+            figures[f"{key}/segments_gpu_ms"] = Figure.time(row["segments_gpu"], "ms", gated=True)
+        for field in ("breaks_gpu", "breaks_host", "runner_host"):
+            if isinstance(row.get(field), Stat):
+                figures[f"{key}/{field}_ms"] = Figure.time(row[field], "ms")
+        if isinstance(row.get("host_ratio"), Stat):
+            figures[f"{key}/runner_host_ratio"] = Figure.time(row["host_ratio"], "x", gated=True, group=prefix)
     return figures
 
 
@@ -373,8 +526,8 @@ def format_table(result: Result, *, device: torch.device) -> str:
     lines.append("")
     header = f"{'model':<16} {'batch':<10} {'bucket':>6} {unit + ' eager->run':>24} {'fallbacks':>9}"
     if on_cuda:
-        header += (f" {'eager ms':>13} {'run ms':>13} {'speed-up':>12} {'segments ms':>13} {'breaks ms':>13}"
-                   f" {'glue ms':>13} {'runner ms':>13}")
+        header += (f" {'eager ms':>13} {'run ms':>13} {'speed-up':>12} {'segments GPU':>13} {'breaks ms':>13}"
+                   f" {'breaks host':>13} {'glue ms':>13} {'runner host':>13} {'runner/ref':>12}")
     lines += [header, "-" * len(header)]
     for row in (r for r in rows if r["kind"] == "batch"):
         launches = f"{_number(row['launches_eager'])} -> {_number(row['launches_run'])}"
@@ -383,11 +536,18 @@ def format_table(result: Result, *, device: torch.device) -> str:
         if on_cuda:
             line += "".join(f" {format_stat(row[k]):>13}" for k in ("eager", "run"))
             line += f" {format_stat(row['speedup'], unit='x'):>12}"
-            line += "".join(f" {format_stat(row[k]):>13}" for k in ("segments", "breaks", "glue", "overhead"))
+            line += "".join(f" {format_stat(row.get(k)):>13}"
+                            for k in ("segments_gpu", "breaks_gpu", "breaks_host", "glue", "runner_host"))
+            line += f" {format_stat(row.get('host_ratio'), unit='x'):>12}"
         lines.append(line)
     if on_cuda:
-        lines.append("times: median ±(interquartile range / median) over the repeats; GPU timeline by CUDA events. "
-                     "run = segments + breaks + glue + runner; 'runner' is the runner's host overhead.")
+        lines.append("times: median ±(interquartile range / median) over the repeats (the split: over at least "
+                     f"{HOST_SAMPLES}); GPU time by CUDA events, host time by the host clock. 'segments GPU': the "
+                     "captured segments' kernels, timed with the GPU kept ahead of the host; 'breaks ms' and "
+                     "'breaks host': the eager breaks on the GPU timeline and on the host; 'runner host': the "
+                     "call's host time outside graph replays (the runner's own work and the model's glue); "
+                     "'runner/ref': that over a fixed reference piece of host work timed beside it. Gated against a "
+                     "baseline: the counts, 'segments GPU' and each model's 'runner/ref'; the rest is reported.")
     divergence = result.extra.get("layer_divergence") or {}
     if divergence:
         lines += ["", "per-layer divergence of the layer stack, replay vs eager (transformers zoo):",

@@ -149,6 +149,28 @@ def test_a_result_changed_by_the_next_call_is_caught_and_the_table_can_allow_it(
     allowing.call(replay, fresh, exact=True)
 
 
+def test_keep_holds_the_results_of_several_earlier_calls():
+    buffers = [torch.zeros(2, 3), torch.zeros(2, 3)]
+    calls = 0
+
+    def ping_pong():  # output buffers used in turn: a result survives the next call, not the one after
+        nonlocal calls
+        calls += 1
+        return buffers[calls % 2].copy_(torch.rand(2, 3))
+
+    fresh = lambda: torch.rand(2, 3)  # noqa: E731
+    previous_only = Checker("toy")
+    for _ in range(4):
+        previous_only.call(ping_pong, fresh, exact=True)
+    keeping = Checker("toy", keep=2)
+    keeping.call(ping_pong, fresh, exact=True)
+    keeping.call(ping_pong, fresh, exact=True)
+    with pytest.raises(MismatchError, match="returned by the call 2 calls before this one changed"):
+        keeping.call(ping_pong, fresh, exact=True)
+    with pytest.raises(ValueError, match="keep=0"):
+        Checker("toy", keep=0)
+
+
 def test_construction_must_leave_the_model_as_it_was():
     model = torch.nn.Linear(3, 3)
     checker = Checker("toy")

@@ -100,7 +100,7 @@ def test_a_hang_inside_a_given_test_fails_within_its_limit_naming_the_example(sl
     assert message, output[-3000:]
     assert "ran past its time limit of 4 s" in message[1]
     assert "while running the hypothesis example test_matches_eager_oracle_over_the_contract[no-hidden](" in message[1]
-    assert "calling check(case=GatherCase(" in message[1]  # the case drawn with st.data()
+    assert "calling args(case=GatherCase(" in message[1]  # the case drawn with st.data()
     assert message[1].endswith(f"stuck at sleepy_impl.py:{SLEEPY.splitlines().index('        time.sleep(3600)') + 1} "
                                "in gather")
     assert re.search(r"--reproduce-failure \S+:\S+", output), output[-3000:]  # the hanging example, replayable

@@ -176,6 +176,13 @@ class GatherCase:
         return GatherInputs(indices, cast("tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]",
                                           tuple(buffers)))
 
+    def other_indices(self, count: int, *, seed: int, device: torch.device | str = "cpu") -> torch.Tensor:
+        """Indices for a later call on this case's buffers: ``count`` random slots in ``[0, pool)`` drawn from
+        ``seed``, in the case's index dtype and layout."""
+        generator = torch.Generator().manual_seed(seed)
+        raw = torch.randint(0, self.pool, (count,), generator=generator)
+        return with_layout(raw.to(self.index_dtype), self.index_layout, generator=generator, device=device)
+
     def describe(self) -> dict[str, Any]:
         """The case in words, for failure messages."""
         described: dict[str, Any] = {

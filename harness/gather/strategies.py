@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from harness.gather.cases import INDEX_DTYPES, INDEX_LAYOUTS, SOURCE_LAYOUTS, BufferSpec, GatherCase, gather_dtypes
 
-__all__ = ["pools", "widths", "gather_cases", "MAX_BUFFER_ELEMENTS"]
+__all__ = ["pools", "widths", "index_counts", "gather_cases", "MAX_BUFFER_ELEMENTS"]
 
 # Caps one buffer so a pool of 4096 with a 2049-wide hidden state stays cheap on a 2-core runner.
 MAX_BUFFER_ELEMENTS = 1 << 21
@@ -22,6 +22,11 @@ MAX_BUFFER_ELEMENTS = 1 << 21
 pools = st.one_of(st.sampled_from([1, 2, 3, 4096]), st.integers(1, 4096))
 # Odd widths, powers of two, and widths above 1024 (a kernel's per-block width limit).
 widths = st.sampled_from([1, 2, 3, 7, 8, 16, 33, 64, 127, 1024, 1025, 2049])
+
+
+def index_counts(pool: int) -> st.SearchStrategy[int]:
+    """Index counts from 0 to twice the pool: 0, 1, odd counts and duplicates all come up."""
+    return st.one_of(st.sampled_from([0, 1, 2, 3]), st.integers(0, 2 * pool))
 
 
 @st.composite
@@ -52,8 +57,7 @@ def gather_cases(draw, *, dtypes: Sequence[torch.dtype] | None = None,
         specs.append(hidden)
     widest = max(math.prod(spec.trailing) for spec in specs)
     pool = max(1, min(pool, MAX_BUFFER_ELEMENTS // widest))
-    # Index counts from 0 to twice the pool: 0, 1, odd counts and duplicates all come up.
-    count = draw(st.one_of(st.sampled_from([0, 1, 2, 3]), st.integers(0, 2 * pool)))
+    count = draw(index_counts(pool))
     return GatherCase(
         pool=pool, count=count, seed=draw(st.integers(0, 2**32 - 1)),
         index_dtype=draw(st.sampled_from(INDEX_DTYPES)), index_layout=draw(st.sampled_from(INDEX_LAYOUTS)),

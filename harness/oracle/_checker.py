@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -69,12 +70,17 @@ class Checker:
     list: values (bitwise or by the tolerance table), each output's metadata and aliasing, the process, module and
     input state the call leaves, the random state, and whether the results of the previous call survive this one.
 
-    One checker per test: it keeps the last call's results to check that the next call leaves them alone."""
+    One checker per test: it keeps the results of the last ``keep`` calls (the previous call's by default) to check
+    that each later call leaves them alone; a larger ``keep`` also catches results that survive one call and not
+    the next few (output buffers used in turn)."""
 
-    def __init__(self, component: str, *, context: Callable[..., Mapping[str, Any]] | None = None) -> None:
+    def __init__(self, component: str, *, context: Callable[..., Mapping[str, Any]] | None = None,
+                 keep: int = 1) -> None:
+        if keep < 1:
+            raise ValueError(f"a checker keeps the results of at least the previous call, got keep={keep}")
         self.component = component
         self._context = context
-        self._kept: list[tuple[str, torch.Tensor, torch.Tensor]] = []
+        self._kept: collections.deque[list[tuple[str, torch.Tensor, torch.Tensor]]] = collections.deque(maxlen=keep)
 
     def call(self, candidate: Callable[[], Any], eager: Callable[[], Any], *, inputs: Any = (),
              modules: Sequence[torch.nn.Module] = (), exact: bool, mode: str | None = None,
@@ -163,15 +169,20 @@ class Checker:
         return problems
 
     def _kept_results_changed(self) -> list[str]:
-        changed = [path for path, tensor, values in self._kept if not _state._same(tensor.detach(), values)]
-        if not changed:
-            return []
-        return [self._differs("results outlive the next call",
-                              f"{', '.join(changed)} returned by the previous call changed when called again "
-                              "(a result must belong to the caller, as eager's do)")]
+        if allowed(self.component, "results outlive the next call"):
+            return []  # nothing to compare where the table allows it
+        problems = []
+        for age, kept in enumerate(reversed(self._kept), start=1):
+            changed = [path for path, tensor, values in kept if not _state._same(tensor.detach(), values)]
+            if changed:
+                which = "the previous call" if age == 1 else f"the call {age} calls before this one"
+                problems.append(self._differs("results outlive the next call",
+                                              f"{', '.join(changed)} returned by {which} changed when called again "
+                                              "(a result must belong to the caller, as eager's do)"))
+        return problems[:1]  # the latest call whose results changed; older ones add nothing to the message
 
     def _keep(self, actual: Any) -> None:
-        self._kept = [(path, tensor, tensor.detach().clone()) for path, tensor in _facts.tensors_in(actual)]
+        self._kept.append([(path, tensor, tensor.detach().clone()) for path, tensor in _facts.tensors_in(actual)])
 
 
 def check_call(component: str, candidate: Callable[[], Any], eager: Callable[[], Any], *, exact: bool,

@@ -52,7 +52,11 @@ def _short(value: Any) -> str:
     shape = getattr(value, "shape", None)
     if shape is not None and hasattr(value, "dtype"):
         return f"<{type(value).__name__} shape={tuple(shape)} dtype={value.dtype}>"
-    text = repr(value)
+    if type(value) in (tuple, list):  # arguments passed on as *args: their tensors short too
+        inner = ", ".join(_short(item) for item in value)
+        text = f"({inner}{',' if len(value) == 1 else ''})" if isinstance(value, tuple) else f"[{inner}]"
+    else:
+        text = " ".join(repr(value).split())  # one line: a message is one line
     return text if len(text) <= _MAX_ARGUMENT else text[:_MAX_ARGUMENT - 3] + "..."
 
 

@@ -1,50 +1,32 @@
-"""Fixtures of the gather suites: one checking helper over the implementation under test.
+"""Fixtures of the gather suites: every call into the implementation under test goes through one checker.
 
 ``gather_function`` (root conftest, from the component table) is the implementation selected with
-``--impl gather=SPEC`` (the compiled reference by default). ``check_gather(case)`` runs it on a
-case and asserts the whole in-process contract: bit-identical to the eager oracle, no output
-aliasing a source, no source modified.
+``--impl gather=SPEC`` (the compiled reference by default). ``check_gather`` runs it beside the eager
+oracle (:func:`~harness.gather.eager_gather`) on the same arguments through :class:`harness.oracle.Checker`,
+which compares everything a caller can observe: values bit for bit, each output's dtype, shape, strides,
+``requires_grad``, ``is_inference`` and autograd attachment, which inputs an output shares memory with, the
+sources and indices left as eager leaves them, the process state and random state left behind, and that the
+results of the previous call of the same test survive this one. Tests choose the calls (cases, orders, the
+caller's autograd mode), never what is compared.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
 
-from harness.compare import assert_equivalent, format_context
-from harness.gather import (
-    BUFFER_NAMES,
-    OUTPUT_NAMES,
-    GatherCase,
-    GatherInputs,
-    eager_gather,
-    open_recompile_limit,
-)
+from harness.gather import BUFFER_NAMES, OUTPUT_NAMES, GatherCase, GatherOutputs, eager_gather, open_recompile_limit
+from harness.graphs import GraphCapturer
+from harness.oracle import Checker
 
-
-def _storage_ptr(tensor: torch.Tensor) -> int:
-    return tensor.untyped_storage().data_ptr()
-
-
-def assert_contract(actual: Any, inputs: GatherInputs, *, expected: Any, originals: list[Any],
-                    context: dict[str, Any]) -> None:
-    """Assert outputs equal ``expected`` bitwise, alias no source, and that the sources are unchanged."""
-    __tracebackhide__ = True
-    assert_equivalent(actual, expected, exact=True, context=context)
-    sources = dict(zip(("indices", *BUFFER_NAMES), inputs.args))
-    for out_name, out in zip(OUTPUT_NAMES, actual):
-        if out is None or out.numel() == 0:
-            continue
-        for source_name, source in sources.items():
-            if source is not None and _storage_ptr(out) == _storage_ptr(source):
-                raise AssertionError(
-                    f"output {out_name} shares memory with input {source_name}: a gather must return new tensors"
-                    + format_context(context))
-    assert_equivalent(list(inputs.args), originals, exact=True,
-                      context={"problem": "the gather modified an input (indices or a source buffer)", **context})
+_ARGUMENT_NAMES = ("indices", *BUFFER_NAMES)
+# The checker names outputs by position and inputs by name; the failure message says which output is which.
+_KEPT_CALLS = 4
+_OUTPUTS = ", ".join(f"[{position}] {name}" for position, name in enumerate(OUTPUT_NAMES))
 
 
 @pytest.fixture(autouse=True)
@@ -56,21 +38,87 @@ def _lifted_recompile_limit() -> Any:
         yield
 
 
-@pytest.fixture
-def check_gather(gather_function, device, failure_context) -> Callable[..., Any]:
-    """``check_gather(case, **details)``: run the candidate on ``case`` and assert the contract."""
+@dataclasses.dataclass
+class GatherCalls:
+    """Calls of the implementation under test, each checked against the eager oracle on the same arguments.
 
-    def check(case: GatherCase, **details: Any) -> Any:
+    ``check_gather(case, mode=..., **details)`` builds ``case`` and checks one call; ``.args(*args, ...)`` checks
+    a call on tensors the test holds (refilled in place, reused across steps); ``.as_gather(...)`` is a gather
+    that checks every call made through it (a relay's); ``.capture(backend, *args)`` captures a call in a graph
+    and ``.replay(graph, *args)`` checks a replay of it; ``.anew()`` forgets the kept results (a hypothesis
+    example starts from nothing). ``mode`` is the caller's autograd mode (:data:`harness.oracle.CALLING_MODES`;
+    None keeps the current one)."""
+
+    gather: Callable[..., GatherOutputs]
+    device: torch.device
+    context: Callable[..., Any]
+    checker: Checker = dataclasses.field(init=False)
+    replays: Checker = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        # The results of the last few calls are kept and checked at each call, not only the previous one's:
+        # output buffers used in turn (double buffering) keep one call's results and overwrite them a call later.
+        self.checker = Checker("gather", context=self.context, keep=_KEPT_CALLS)
+        self.replays = Checker("graphs", context=self.context)
+
+    def __call__(self, case: GatherCase, *, mode: str | None = None, **details: Any) -> GatherOutputs:
         __tracebackhide__ = True
-        inputs = case.build(device)
-        expected = eager_gather(*inputs.args)
-        originals = [None if t is None else t.clone() for t in inputs.args]
-        actual = gather_function(*inputs.args)
-        assert_contract(actual, inputs, expected=expected, originals=originals,
-                        context=failure_context(**case.describe(), **details))
-        return actual
+        return self.args(*case.build(self.device).args, case=case, mode=mode, **details)
 
-    return check
+    def args(self, *args: Any, case: GatherCase | None = None, mode: str | None = None,
+             **details: Any) -> GatherOutputs:
+        """Check ``gather(*args)`` against ``eager_gather(*args)`` and return the candidate's result; ``case``, the
+        case the arguments were built from, describes them in a failure (and a hang's message)."""
+        __tracebackhide__ = True
+        described = case.describe() if case is not None else {}
+        return self._check(self.checker, lambda: self.gather(*args), args, mode=mode, **described, **details)
+
+    def as_gather(self, *, mode: str | None = None, **details: Any) -> Callable[..., GatherOutputs]:
+        """A gather with the candidate's signature whose every call is checked (with ``details``)."""
+
+        def checked(*args: Any) -> GatherOutputs:
+            __tracebackhide__ = True
+            return self.args(*args, mode=mode, **details)
+
+        return checked
+
+    def capture(self, backend: Any, *args: Any, **details: Any) -> Any:
+        """Capture ``gather(*args)`` in a graph of ``backend``, checked as a construction: it leaves the process
+        as it found it (modes, default dtype, random state, ...)."""
+        __tracebackhide__ = True
+        return self.replays.construct(lambda: GraphCapturer(backend).capture(lambda: self.gather(*args)),
+                                      modules=(), **details)
+
+    def replay(self, graph: Any, *args: Any, **details: Any) -> GatherOutputs:
+        """Replay ``graph``, a captured ``gather(*args)``, and check its outputs against ``eager_gather(*args)``
+        on the tensors as they are now. A replay is a graph's call: its outputs are the capture's static tensors,
+        rewritten by the next replay, as the ``graphs`` rows of :data:`harness.oracle.ALLOWED` say; those rows
+        apply, through a checker of the ``graphs`` component, to these calls only."""
+        __tracebackhide__ = True
+
+        def replayed() -> GatherOutputs:
+            graph.replay()
+            return tuple(graph.output)  # type: ignore[return-value]
+
+        return self._check(self.replays, replayed, args, call="graph replay", **details)
+
+    def anew(self) -> GatherCalls:
+        """The same calls with no kept results: what one hypothesis example returned is no business of the next
+        (a failure must replay from its own example)."""
+        return GatherCalls(self.gather, self.device, self.context)
+
+    def _check(self, checker: Checker, candidate: Callable[[], Any], args: tuple[Any, ...], *,
+               mode: str | None = None, **details: Any) -> GatherOutputs:
+        __tracebackhide__ = True
+        named = dict(zip(_ARGUMENT_NAMES, args))
+        return checker.call(candidate, lambda: eager_gather(*args), inputs=named, exact=True, mode=mode,
+                            **details, outputs=_OUTPUTS)
+
+
+@pytest.fixture
+def check_gather(gather_function, device, failure_context) -> GatherCalls:
+    """The one way the gather suites call the implementation under test (see :class:`GatherCalls`)."""
+    return GatherCalls(gather_function, device, failure_context)
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

@@ -1,9 +1,10 @@
-"""The gather contract, checked bit-exactly against eager advanced indexing.
+"""The gather contract, every call checked against eager advanced indexing (``check_gather``, harness.oracle).
 
 Deterministic tests pin one clause each; the property test sweeps the whole in-process contract
 (pools 1..4096, index counts 0..2*pool with duplicates, widths above 1024, every dtype and layout,
-both index dtypes, with and without hidden states). Negative and out-of-range indices live in
-``test_index_domain.py``: they run in a child process.
+both index dtypes, with and without hidden states) and the calling context: the caller's autograd mode, and
+later calls on the same buffers with other counts in any order, refilled indices and sources, another mode.
+Negative and out-of-range indices live in ``test_index_domain.py``: they run in a child process.
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.compare import assert_equivalent
-from harness.gather import BufferSpec, GatherCase, eager_gather, gather_dtypes
+from harness.gather import BufferSpec, GatherCase, gather_dtypes
 from harness.gather.cases import SOURCE_LAYOUTS, random_values
-from harness.gather.strategies import gather_cases
+from harness.gather.strategies import gather_cases, index_counts
+from harness.oracle import CALLING_MODES
 
 pytestmark = pytest.mark.clause("bit-identical")
 
@@ -76,7 +77,14 @@ def test_duplicates_give_new_tensors(check_gather):
     check_gather(GatherCase(pool=24, count=6, seed=7, index_values=(5, 5, 5, 0, 23, 5)))
 
 
-def test_index_values_change_between_calls(gather_function, device, failure_context):
+def _refill_sources(buffers, generator: torch.Generator) -> None:
+    """A decode step stashed new extras into the same buffers, in place (their layouts kept)."""
+    for buffer in buffers:
+        if buffer is not None:
+            buffer.copy_(random_values(buffer.shape, buffer.dtype, generator=generator))
+
+
+def test_index_values_change_between_calls(check_gather, device):
     # Engines refill one index tensor in place every step, and pass the same buffers, which the
     # step before stashed new extras into: a result keyed on shapes, addresses or the index
     # tensor's own writes would be stale. Steps refill the indices, the sources, or both.
@@ -87,21 +95,36 @@ def test_index_values_change_between_calls(gather_function, device, failure_cont
         if refill != "sources":
             inputs.indices.copy_(torch.randperm(case.pool, generator=generator)[: case.count].to(inputs.indices))
         if refill != "indices":
-            for buffer in inputs.buffers:
-                buffer.copy_(random_values(buffer.shape, buffer.dtype, generator=generator))
-        assert_equivalent(gather_function(*inputs.args), eager_gather(*inputs.args), exact=True,
-                          context=failure_context(**case.describe(), step=step, refilled=refill,
-                                                  index_values_now=inputs.indices.tolist()))
+            _refill_sources(inputs.buffers, generator)
+        check_gather.args(*inputs.args, case=case, step=step, refilled=refill,
+                          index_values_now=inputs.indices.tolist())
 
 
 # Two shards (with and without a hidden-states buffer), each with half the profile's examples: the
 # same budget as one test, but pytest-xdist can run the shards (each compiling its own graphs) at once.
+# An example is a first call on the drawn case, then up to two later calls on the same buffers: each with a
+# count drawn anew (edges, repeats, any order), its indices refilled in place where the count is unchanged
+# (else a new tensor), the sources refilled in place or not, and the caller's mode drawn for every call.
 @pytest.mark.long_running
 @pytest.mark.parametrize("with_hidden", [True, False], ids=["hidden", "no-hidden"])
 @settings(max_examples=max(1, settings().max_examples // 2))
 @given(data=st.data())
-def test_matches_eager_oracle_over_the_contract(check_gather, with_hidden, data):
-    check_gather(data.draw(gather_cases(with_hidden=with_hidden), label="case"))
+def test_matches_eager_oracle_over_the_contract(check_gather, device, with_hidden, data):
+    case = data.draw(gather_cases(with_hidden=with_hidden), label="case")
+    first_mode = data.draw(st.sampled_from(CALLING_MODES), label="mode")
+    later = data.draw(st.lists(st.tuples(index_counts(case.pool), st.sampled_from(CALLING_MODES), st.booleans()),
+                               max_size=2), label="later calls (count, mode, sources refilled)")
+    calls = check_gather.anew()
+    inputs = case.build(device)
+    calls.args(*inputs.args, case=case, mode=first_mode, call=0)
+    indices, generator = inputs.indices, torch.Generator().manual_seed(case.seed)
+    for call, (count, mode, refill_sources) in enumerate(later, start=1):
+        fresh = case.other_indices(count, seed=case.seed + call, device=device)
+        indices = indices.copy_(fresh) if count == indices.numel() else fresh
+        if refill_sources:
+            _refill_sources(inputs.buffers, generator)
+        calls.args(indices, *inputs.buffers, case=case, mode=mode, call=call, index_count=count,
+                   indices_refilled_in_place=indices is inputs.indices, sources_refilled=refill_sources)
 
 
 @pytest.mark.clause("index-domain")
@@ -118,18 +141,13 @@ def test_negative_indices_in_range_wrap(check_gather, index_dtype):
 
 @pytest.mark.clause("fresh-outputs")
 @pytest.mark.parametrize("next_count", [6, 3], ids=["same-count", "other-count"])
-def test_results_outlive_the_next_call(gather_function, device, failure_context, next_count):
+def test_results_outlive_the_next_call(check_gather, device, next_count):
     """A caller keeps one step's extras while the next step gathers (the relay hands them to the
-    scheduler): a later call must not change what an earlier one returned."""
+    scheduler): the checker holds each call's results and fails a later call that changes them."""
     case = GatherCase(pool=64, count=6, seed=12)
     inputs = case.build(device)
-    kept = gather_function(*inputs.args)
-    kept_copy = [None if out is None else out.clone() for out in kept]
+    check_gather.args(*inputs.args, case=case, step="first")
     generator = torch.Generator().manual_seed(case.seed)
     for step in range(2):
         indices = torch.randperm(case.pool, generator=generator)[:next_count].to(inputs.indices)
-        later = gather_function(indices, *inputs.args[1:])
-        assert_equivalent(later, eager_gather(indices, *inputs.args[1:]), exact=True,
-                          context=failure_context(**case.describe(), step=step, later_indices=indices.tolist()))
-        assert_equivalent(list(kept), kept_copy, exact=True, context=failure_context(
-            **case.describe(), step=step, problem="a result of the first call changed after a later call"))
+        check_gather.args(indices, *inputs.args[1:], case=case, step=step, later_indices=indices.tolist())

@@ -9,28 +9,23 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.compare import assert_equivalent
-from harness.gather import GatherCase, eager_gather
+from harness.gather import GatherCase
 from harness.gather.cases import random_values
-from harness.graphs import GraphCapturer
 
 pytestmark = pytest.mark.clause("in-graph")
 
 
 @pytest.mark.parametrize("with_hidden", [True, False], ids=["hidden", "no-hidden"])
-def test_replay_after_refilling_indices_and_sources(gather_function, graph_backend, device, failure_context,
-                                                    with_hidden):
+def test_replay_after_refilling_indices_and_sources(check_gather, graph_backend, device, with_hidden):
     case = GatherCase(pool=64, count=9, seed=10) if with_hidden else GatherCase(pool=64, count=9, seed=10, hidden=None)
     inputs = case.build(device)
-    gather_function(*inputs.args)  # the engine's eager warm-up step before it captures
-    graph = GraphCapturer(graph_backend).capture(lambda: gather_function(*inputs.args))
+    check_gather.args(*inputs.args, case=case, call="warm-up")  # the engine's eager step before it captures
+    graph = check_gather.capture(graph_backend, *inputs.args, **case.describe())
     generator = torch.Generator().manual_seed(case.seed)
     for replay in range(3):
         inputs.indices.copy_(torch.randint(0, case.pool, (case.count,), generator=generator))
         for buffer in inputs.buffers:  # a new step stashed new extras into the same buffers
             if buffer is not None:
                 buffer.copy_(random_values(buffer.shape, buffer.dtype, generator=generator))
-        graph.replay()
-        assert_equivalent(tuple(graph.output), eager_gather(*inputs.args), exact=True,
-                          context=failure_context(**case.describe(), replay=replay,
-                                                  refilled_indices=inputs.indices.tolist()))
+        check_gather.replay(graph, *inputs.args, **case.describe(), replay=replay,
+                            refilled_indices=inputs.indices.tolist())

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
+from collections.abc import Iterator
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from harness.compare import assert_equivalent
@@ -193,32 +197,47 @@ def test_failed_capture_restores_compile_stance_dynamo_and_allocator_state(graph
     _assert_capture_usable_afterwards(graph_oracle, make_tensor)
 
 
+@contextlib.contextmanager
+def _process_settings(*, collector: bool, precision: str, default_dtype: torch.dtype) -> Iterator[None]:
+    """The caller's process settings for one example, given back afterwards."""
+    saved = (gc.isenabled(), torch.get_float32_matmul_precision(), torch.get_default_dtype())
+    (gc.enable if collector else gc.disable)()
+    torch.set_float32_matmul_precision(precision)
+    torch.set_default_dtype(default_dtype)
+    try:
+        yield
+    finally:
+        (gc.enable if saved[0] else gc.disable)()
+        torch.set_float32_matmul_precision(saved[1])
+        torch.set_default_dtype(saved[2])
+
+
 @pytest.mark.clause("capture-failure-clean")
-@pytest.mark.parametrize("mode", CALLING_MODES)
-def test_successful_capture_restores_process_state(graph_oracle, make_tensor, device, mode):
+@given(mode=st.sampled_from(CALLING_MODES), collector=st.booleans(),
+       precision=st.sampled_from(["highest", "high", "medium"]),
+       default_dtype=st.sampled_from([torch.float32, torch.float64]))
+def test_successful_capture_restores_process_state(graph_oracle, make_tensor, device, mode, collector, precision,
+                                                   default_dtype):
     """A capture that succeeds gives back what it changed too: an engine captures under no_grad or with
     the collector off, and a capture that restored them only on failure would leave the rest of the
-    process (the eager path, a training step, the collector) changed."""
+    process (the eager path, a training step, the collector) changed. The caller's settings are drawn:
+    a capturer that sets one to a fixed value (TF32 matmuls, a default dtype, the collector off) and never
+    gives it back is seen only from a caller whose setting was another, whatever earlier captures of this
+    process (the implementation's load-time smoke capture among them) left behind."""
+    oracle = graph_oracle.fresh()
     x = make_tensor(6, seed=8)
 
     @eager_on_graph
     def attend(h):
         return h * 3
 
-    # From the state an engine starts in, whatever earlier captures of this session (the implementation's
-    # load-time smoke capture among them) left behind.
-    collector_was_enabled = gc.isenabled()
-    gc.enable()
     program = lambda: attend(x + 1) - 1  # noqa: E731
-    try:
+    with _process_settings(collector=collector, precision=precision, default_dtype=default_dtype):
         before = _process_state(device)
-        graph = graph_oracle.capture(program, mode=mode)
+        graph = oracle.capture(program, mode=mode)
         after_capture = _process_state(device)
-        graph_oracle.replay(graph, program, inputs=[x], mode=mode)
+        oracle.replay(graph, program, inputs=[x], mode=mode)
         after_replay = _process_state(device)
-    finally:
-        if not collector_was_enabled:
-            gc.disable()
     for when, after in (("capture", after_capture), ("replay", after_replay)):
         changed = {name: (before[name], after[name]) for name in before if after[name] != before[name]}
         assert not changed, f"a successful {when} left process state changed (before, after): {changed}"

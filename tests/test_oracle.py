@@ -171,6 +171,24 @@ def test_keep_holds_the_results_of_several_earlier_calls():
         Checker("toy", keep=0)
 
 
+def test_twin_inputs_must_end_as_eager_leaves_its_twin():
+    """A program that writes its own state runs on a twin (eager_inputs): each side writes its own copy."""
+    def accumulate(cache):
+        return lambda: cache.add_(1.0)
+
+    def fails(candidate, eager, fact):
+        mine, twin = torch.zeros(3), torch.zeros(3)
+        with pytest.raises(MismatchError, match=fact):
+            Checker("toy").call(candidate(mine), eager(twin), inputs=[mine], eager_inputs=[twin], exact=True)
+
+    mine, twin = torch.zeros(3), torch.zeros(3)
+    Checker("toy").call(accumulate(mine), accumulate(twin), inputs=[mine], eager_inputs=[twin], exact=True)
+    assert torch.equal(mine, twin) and float(mine[0]) == 1.0
+    fails(lambda t: lambda: (t.add_(1.0), t.add_(1.0))[1], accumulate, "input values")  # wrote twice
+    fails(lambda t: t.clone, lambda t: lambda: t.add_(1.0).clone(), "input values")  # left as it was
+    fails(lambda t: lambda: t.add_(1.0).clone(), accumulate, "output aliasing")  # a copy where eager returns its input
+
+
 def test_construction_must_leave_the_model_as_it_was():
     model = torch.nn.Linear(3, 3)
     checker = Checker("toy")

@@ -555,6 +555,67 @@ class ReplayReturnsCopy(GraphCapturer):
     graph_class = _CopyingReplayGraph
 
 
+# --- what a capture leaves behind and what a replay hands out, beyond the values -----------------------------
+
+
+@MUTANTS.add("tf32-left-on", bug="the capturer allows TF32 matmuls for the capture (float32 matmul precision "
+         "'high', as engines do for speed) and never gives the caller's precision back")
+class Tf32LeftOn(GraphCapturer):
+    def capture(self, fn: Callable[[], Any], *, pool: Any = None, warmup_runs: int = 1) -> BreakableGraph:
+        torch.set_float32_matmul_precision("high")
+        return super().capture(fn, pool=pool, warmup_runs=warmup_runs)
+
+
+@MUTANTS.add("module-left-in-eval", bug="a module (or a module's bound method) handed to capture is put in eval mode "
+         "for the capture, as graphs are for inference, and left there: the caller's training flag is lost")
+class ModuleLeftInEval(GraphCapturer):
+    def capture(self, fn: Callable[[], Any], *, pool: Any = None, warmup_runs: int = 1) -> BreakableGraph:
+        owner = fn if isinstance(fn, torch.nn.Module) else getattr(fn, "__self__", None)
+        if isinstance(owner, torch.nn.Module):
+            owner.eval()
+        return super().capture(fn, pool=pool, warmup_runs=warmup_runs)
+
+
+@MUTANTS.add("captured-without-grad", bug="warm-up and capture run under torch.no_grad() to save memory (the mode is "
+         "given back): a grad-mode caller's replayed outputs are detached where eager's require grad")
+class CapturedWithoutGrad(GraphCapturer):
+    def capture(self, fn: Callable[[], Any], *, pool: Any = None, warmup_runs: int = 1) -> BreakableGraph:
+        with torch.no_grad():
+            return super().capture(fn, pool=pool, warmup_runs=warmup_runs)
+
+
+def _dense_copy(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return torch.empty(value.shape, dtype=value.dtype, device=value.device).copy_(value)
+    if isinstance(value, list):
+        return [_dense_copy(item) for item in value]
+    if isinstance(value, tuple) and not hasattr(value, "_fields"):
+        return tuple(_dense_copy(item) for item in value)
+    if isinstance(value, dict):
+        return {key: _dense_copy(item) for key, item in value.items()}
+    return value
+
+
+class _DenseOutputGraph(BreakableGraph):
+    def __init__(self, steps: list, output: Any) -> None:
+        super().__init__(steps, output)
+        self._captured_output = output
+        with torch.no_grad():
+            self.output = _dense_copy(output)  # preallocated dense output buffers
+
+    def replay(self) -> Any:
+        super().replay()  # refreshes the captured objects, which the caller no longer holds
+        with torch.no_grad():
+            return write_back(self.output, self._captured_output)
+
+
+@MUTANTS.add("dense-static-outputs", bug="the graph's outputs are copied into preallocated dense static buffers, "
+         "refreshed at every replay: the values are right and handles stay valid, but an output's strides, its "
+         "autograd facts and its aliasing with the static inputs are not eager's")
+class DenseStaticOutputs(GraphCapturer):
+    graph_class = _DenseOutputGraph
+
+
 # --- CUDA only: warm-up and memory pools (the emulated backend models neither) -----------------------------
 
 

@@ -11,16 +11,10 @@ __all__ = ["ALLOWED", "allowed"]
 # "module state", "input values".
 ALLOWED: dict[tuple[str, str], str] = {
     ("graphs", "results outlive the next call"):
-        "a replay writes the captured program's static outputs again (PyTorch's CUDA-graph contract: a caller "
-        "clones what it keeps); the runner and the gather, built on it, must clone",
-    ("graphs", "output aliasing"):
-        "a replay returns the captured program's static output tensors, which eager's fresh outputs are not",
-    ("graphs", "output is_inference"):
-        "the static outputs were made at capture, under the capture's mode, not the replaying caller's",
-    ("graphs", "output requires_grad"):
-        "a replay runs no autograd: its outputs are plain buffers whatever the caller's grad mode",
-    ("graphs", "output attached to autograd"):
-        "a replay runs no autograd: its outputs are plain buffers whatever the caller's grad mode",
+        "replay() returns graph.output itself, the objects fn returned at capture, and every replay refreshes them "
+        "in place (docs/graphs.md, write-back clause: a handle to the output taken once reads each later replay's "
+        "values; PyTorch's CUDA graphs rewrite their static outputs the same way): a caller clones what it keeps, "
+        "as the runner and the gather built on graphs must",
 }
 
 

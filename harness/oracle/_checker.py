@@ -83,16 +83,22 @@ class Checker:
         self._kept: collections.deque[list[tuple[str, torch.Tensor, torch.Tensor]]] = collections.deque(maxlen=keep)
 
     def call(self, candidate: Callable[[], Any], eager: Callable[[], Any], *, inputs: Any = (),
-             modules: Sequence[torch.nn.Module] = (), exact: bool, mode: str | None = None,
-             **details: Any) -> Any:
+             eager_inputs: Any = None, modules: Sequence[torch.nn.Module] = (), exact: bool,
+             mode: str | None = None, **details: Any) -> Any:
         """Run ``eager()`` then ``candidate()`` (each under the caller's ``mode``, from the same random state) and
         return the candidate's result after checking it. ``inputs`` are the arguments both read (for aliasing and
-        writes), ``modules`` the modules they run; ``details`` go into the failure message."""
+        writes), ``modules`` the modules they run; ``details`` go into the failure message.
+
+        ``eager_inputs``: where eager runs on a twin of the candidate's inputs (a program that writes its own state,
+        a KV cache or an accumulator, cannot run twice on one), the twin, in the same structure. Each side then
+        writes its own copy, and every tensor of ``inputs`` must end as its twin ends: values (bitwise if ``exact``,
+        else the tolerance table) and metadata; aliasing is judged against each side's own inputs."""
         __tracebackhide__ = True
+        twin = eager_inputs is not None
         with calling_mode(mode):
             start = _snapshot(modules, inputs)
             expected = eager()
-            after_eager = _snapshot(modules, inputs)
+            after_eager = _snapshot(modules, eager_inputs if twin else inputs)
             _state.set_rng_state(start.rng)
             actual = candidate()
             after_candidate = _snapshot(modules, inputs)
@@ -102,8 +108,10 @@ class Checker:
         except MismatchError as mismatch:
             problems.append(f"values: {mismatch}")
         problems += self._kept_results_changed()
-        problems += self._output_differences(actual, expected, inputs)
-        problems += self._state_differences(start, after_eager, after_candidate)
+        problems += self._output_differences(actual, expected, inputs, eager_inputs if twin else inputs)
+        problems += self._state_differences(start, after_eager, after_candidate, inputs=not twin)
+        if twin:
+            problems += self._twin_differences(after_eager.inputs, after_candidate.inputs, exact=exact)
         self._keep(actual)
         self._raise(problems, self._details(mode=mode, **details))
         return actual
@@ -135,9 +143,8 @@ class Checker:
     def _differs(self, fact: str, message: str) -> str:
         return "" if allowed(self.component, fact) else f"{fact}: {message}"
 
-    def _output_differences(self, actual: Any, expected: Any, inputs: Any) -> list[str]:
+    def _output_differences(self, actual: Any, expected: Any, inputs: Any, eager_inputs: Any) -> list[str]:
         mine, theirs = dict(_facts.tensors_in(actual)), dict(_facts.tensors_in(expected))
-        given = dict(_facts.tensors_in(inputs))
         problems = []
         for path in theirs.keys() & mine.keys():
             a, e = _facts.facts_of(mine[path]), _facts.facts_of(theirs[path])
@@ -147,7 +154,8 @@ class Checker:
                     fact = "output strides" if field in ("strides", "contiguous") else f"output {field}"
                     fact = "output attached to autograd" if field == "attached_to_autograd" else fact
                     problems.append(self._differs(fact, f"{path} has {field} {got}, eager's {want}"))
-        mine_shared, theirs_shared = _facts.aliases(mine, given), _facts.aliases(theirs, given)
+        mine_shared = _facts.aliases(mine, dict(_facts.tensors_in(inputs)))
+        theirs_shared = _facts.aliases(theirs, dict(_facts.tensors_in(eager_inputs)))
         for path in theirs.keys() & mine.keys():
             if mine_shared[path] != theirs_shared[path]:
                 problems.append(self._differs(
@@ -156,9 +164,11 @@ class Checker:
         return problems
 
     def _state_differences(self, start: _Snapshot, after_eager: _Snapshot, after_candidate: _Snapshot, *,
-                           rng: bool = True) -> list[str]:
+                           rng: bool = True, inputs: bool = True) -> list[str]:
         problems = []
-        for fact, part in (("process state", "process"), ("module state", "modules"), ("input values", "inputs")):
+        parts = (("process state", "process"), ("module state", "modules")) + ((("input values", "inputs"),)
+                                                                                if inputs else ())
+        for fact, part in parts:
             changed = _new_changes(getattr(start, part), getattr(after_eager, part), getattr(after_candidate, part))
             if changed:
                 shown = ", ".join(changed[:4]) + (f" and {len(changed) - 4} more" if len(changed) > 4 else "")
@@ -166,6 +176,25 @@ class Checker:
         if rng and not _state._same(after_eager.rng, after_candidate.rng):
             problems.append(self._differs("rng", "the random state after the call is not eager's (the call drew "
                                                  "other random numbers, or reseeded)"))
+        return problems
+
+    def _twin_differences(self, eager_end: dict[str, Any], candidate_end: dict[str, Any], *, exact: bool) -> list[str]:
+        """Where the candidate's inputs end other than eager's twin inputs end (``call`` with ``eager_inputs``)."""
+        problems = []
+        if eager_end.keys() != candidate_end.keys():
+            return [self._differs("input values", f"the inputs hold {sorted(candidate_end)}, their eager twin "
+                                                  f"{sorted(eager_end)}: not twins")]
+        changed = [name for name in eager_end if name.endswith(" metadata")
+                   and not _state._same(candidate_end[name], eager_end[name])]
+        if changed:
+            problems.append(self._differs("input values", f"{', '.join(changed)} after the call "
+                                                          f"{[candidate_end[n] for n in changed]}, eager's twin "
+                                                          f"{[eager_end[n] for n in changed]}"))
+        values = [name for name in eager_end if name.endswith(" values")]
+        try:
+            assert_equivalent({n: candidate_end[n] for n in values}, {n: eager_end[n] for n in values}, exact=exact)
+        except MismatchError as mismatch:
+            problems.append(self._differs("input values", f"an input ends other than its eager twin ends: {mismatch}"))
         return problems
 
     def _kept_results_changed(self) -> list[str]:

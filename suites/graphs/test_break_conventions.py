@@ -14,11 +14,13 @@ Every refill changes every value a break can read: the tensors, the metadata's P
 capturer that freezes a container argument's Python values must fail), and the lengths of the
 tensorless outputs.
 
-The oracle is the same program run eagerly on a *twin world*: its own inputs, metadata and buffers,
-built from the same seed and refilled identically. After every replay the suite compares the value
-``replay()`` returned, ``graph.output`` read again, the handle to ``graph.output`` taken right after
-capture, and every buffer of the world (the KV buffer the breaks wrote, the static inputs, the
-metadata tensors). Faults are injected at replay in the captured world only: the replay must raise,
+The oracle is the same program run eagerly on a *twin world*: its own inputs, metadata, buffers and
+projection module, built from the same seed and refilled identically. Every capture and replay goes through
+the suites' checker (``graph_oracle``), under the caller's autograd mode: it compares the value ``replay()``
+returned, ``graph.output`` read again and the handle to ``graph.output`` taken right after capture with the
+twin's result, every buffer of the world with the twin's (the KV buffer the breaks wrote, the static
+inputs, the metadata tensors), and the process and module state each call leaves. Faults are injected at
+replay in the captured world only: the replay must raise and leave the process and modules as they were,
 and the next one must equal the twin again, with no state left over.
 """
 
@@ -33,9 +35,9 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.compare import assert_equivalent
 from harness.errors import GraphHazardError, ReplayError
 from harness.graphs import eager_on_graph, is_capturing
+from harness.oracle import CALLING_MODES
 
 pytestmark = pytest.mark.clause("replay-equals-eager")
 
@@ -82,12 +84,23 @@ class SlottedBreakResult:
     step: int
 
 
+class Projection(torch.nn.Module):
+    """The program's one module: a weight parameter (it requires grad, as a model's do)."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(weight)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return h @ self.weight
+
+
 @dataclasses.dataclass
 class World:
     """Everything a program reads or writes; the captured program and its eager twin each have one."""
 
     inputs: list[torch.Tensor]
-    weight: torch.Tensor
+    model: Projection
     metadata: BatchMetadata
     metadata_dict: dict[str, Any]  # {"bias": (width,) tensor, "gain": float}
     cache: torch.Tensor  # (rows, width): written only by breaks that return None
@@ -119,7 +132,7 @@ def make_world(program: Program, seed: int, device: torch.device) -> World:
     rows, width = program.rows, program.width
     world = World(
         inputs=[torch.empty(rows, width, device=device) for _ in range(program.input_count)],
-        weight=_seeded((width, width), seed + 500, device) / width**0.5,
+        model=Projection(_seeded((width, width), seed + 500, device) / width**0.5),
         metadata=BatchMetadata(torch.empty(width, device=device), torch.empty(rows, dtype=torch.int64, device=device),
                                0.0, 0),
         metadata_dict={"bias": torch.empty(width, device=device), "gain": 0.0},
@@ -270,7 +283,7 @@ def _apply_op(op: str, h: torch.Tensor, x: torch.Tensor, world: World) -> torch.
     if op == "tanh":
         return torch.tanh(h)
     if op == "matmul":
-        return h @ world.weight
+        return world.model(h)
     if op == "inplace_mul":
         return h.mul_(0.5)
     return h[world.metadata.slots]  # gather_rows_by_slots
@@ -317,32 +330,20 @@ def build(program: Program, world: World) -> Callable[[], Any]:
     return fn
 
 
-def snapshot(value: Any) -> Any:
-    """A deep copy of a result's tensors and structure, taken before the next replay overwrites it."""
-    if isinstance(value, torch.Tensor):
-        return value.clone()
-    if isinstance(value, (list, tuple)):
-        return type(value)(snapshot(item) for item in value)
-    if isinstance(value, dict):
-        return {key: snapshot(item) for key, item in value.items()}
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return type(value)(**{f.name: snapshot(getattr(value, f.name)) for f in dataclasses.fields(value)})
-    return value
-
-
-def check_program(capturer, program: Program, *, seed: int, device: torch.device, exact: bool, context,
+def check_program(oracle, program: Program, *, seed: int, device: torch.device, mode: str | None,
                   fault: tuple[int, int, str] | None = None) -> None:
-    """Capture ``program``, replay it :data:`REPLAYS` times with refills, and compare with the eager twin.
+    """Capture ``program`` under ``mode``, replay it :data:`REPLAYS` times with refills, each through the checker
+    against the eager twin.
 
     ``fault = (replay, break index, kind)`` makes that break fail at that replay of the captured world.
     """
     captured_world, twin = make_world(program, seed, device), make_world(program, seed, device)
-    graph = capturer.capture(build(program, captured_world))
+    modules = [captured_world.model]
+    graph = oracle.capture(build(program, captured_world), modules=modules, mode=mode, program=program, seed=seed)
     eager = build(program, twin)
-    assert graph.break_count == len(program.breaks) + _reader_count(program), context(program=program, seed=seed)
-    handle = graph.output
+    assert graph.break_count == len(program.breaks) + _reader_count(program), (program, seed)
     for replay in range(REPLAYS):
-        details = context(program=program, seed=seed, replay=replay, fault=fault)
+        details = dict(program=program, seed=seed, replay=replay, fault=fault)
         before = python_values(captured_world)
         refill(captured_world, seed + 1000 * (replay + 1))
         refill(twin, seed + 1000 * (replay + 1))
@@ -353,20 +354,13 @@ def check_program(capturer, program: Program, *, seed: int, device: torch.device
             captured_world.armed_fault[index] = kind
             misshaped = kind == "wrong_shape" and program.breaks[index][2] not in ("none",) + TENSORLESS_RETURNS
             expected_error = ReplayError if misshaped else InjectedFault
-            with pytest.raises(expected_error) as raised:
-                graph.replay()
-            _assert_refused_where_it_happened(raised.value)
+            error = oracle.replay_fails(graph, expected_error, modules=modules, mode=mode, **details)
+            _assert_refused_where_it_happened(error)
             assert not captured_world.armed_fault, f"break {index} never ran at the faulty replay: {details}"
             assert not is_capturing(), "a failed replay left a capture active"
             continue  # the twin skips this step too; the next replay must need nothing from it
-        returned = snapshot(graph.replay())
-        expected = eager()
-        assert_equivalent(returned, expected, exact=exact, context={**details, "checking": "replay() result"})
-        assert_equivalent(graph.output, expected, exact=exact, context={**details, "checking": "graph.output"})
-        assert_equivalent(handle, expected, exact=exact,
-                          context={**details, "checking": "the graph.output handle taken after capture"})
-        assert_equivalent(captured_world.buffers(), twin.buffers(), exact=exact,
-                          context={**details, "checking": "buffers written by breaks, static inputs, metadata"})
+        oracle.replay(graph, eager, inputs=captured_world.buffers(), eager_inputs=twin.buffers(), modules=modules,
+                      mode=mode, **details)
 
 
 def _assert_refused_where_it_happened(error: BaseException) -> None:
@@ -386,16 +380,17 @@ def _program(steps, output: str, *, rows: int = 4, width: int = 3, input_count: 
 @pytest.mark.parametrize("returns", [pytest.param(returns, marks=pytest.mark.clause(
     "live-breaks" if returns == "tensor" else "write-back")) for returns in RETURNS])
 @pytest.mark.parametrize("convention", CONVENTIONS)
-def test_every_calling_convention_and_return_structure(graph_capturer, device, exact, failure_context,
-                                                       convention, returns):
+def test_every_calling_convention_and_return_structure(graph_oracle, device, convention, returns):
     """The whole cross product, once each: a break between segments, its output the function's output
-    (a tensorless output is read by a later break instead; ``python_growing`` is empty at this capture)."""
+    (a tensorless output is read by a later break instead; ``python_growing`` is empty at this capture).
+    The caller's mode rotates so that each convention and each return structure meets every mode."""
     output = "with_buffers" if returns == "none" else "hidden" if returns in TENSORLESS_RETURNS else "break_output"
     later = {"none": [("op", "matmul"), ("break", "positional", "none")],
              **{kind: [("op", "matmul"), ("break", "positional", "tensor")] for kind in TENSORLESS_RETURNS}}
     program = _program([("op", "add_input"), ("op", "tanh"), ("break", convention, returns)] + later.get(returns, []),
                        output)
-    check_program(graph_capturer, program, seed=7, device=device, exact=exact, context=failure_context)
+    mode = CALLING_MODES[(CONVENTIONS.index(convention) + RETURNS.index(returns)) % len(CALLING_MODES)]
+    check_program(graph_oracle, program, seed=7, device=device, mode=mode)
 
 
 # Two programs: breaks of mixed structures (metadata objects, dicts), and breaks that hand over tensors only,
@@ -415,12 +410,11 @@ FAULT_PROGRAMS = {
     "changes-raise" if kind == "wrong_shape" else "fault-recovery")) for kind in FAULTS])
 @pytest.mark.parametrize("faulty_break", [0, 1, 2])
 @pytest.mark.parametrize("breaks", list(FAULT_PROGRAMS))
-def test_break_fault_at_replay_then_recovery(graph_capturer, device, exact, failure_context, breaks, kind,
-                                             faulty_break):
+def test_break_fault_at_replay_then_recovery(graph_oracle, device, breaks, kind, faulty_break):
     """A break (or the write-back into the next segment's inputs) fails at one replay; the next replay
     equals eager again and leaves nothing behind."""
     program = _program(FAULT_PROGRAMS[breaks], "hidden")
-    check_program(graph_capturer, program, seed=11, device=device, exact=exact, context=failure_context,
+    check_program(graph_oracle, program, seed=11, device=device, mode=CALLING_MODES[faulty_break],
                   fault=(1, faulty_break, kind))
 
 
@@ -445,11 +439,10 @@ def programs(draw) -> tuple[Program, tuple[int, int, str] | None]:
     return program, fault
 
 
-@given(case=programs(), seed=st.integers(0, 2**20))
-def test_generated_programs_equal_their_eager_twin(graph_capturer, device, exact, failure_context, case, seed):
+@given(case=programs(), seed=st.integers(0, 2**20), mode=st.sampled_from(CALLING_MODES))
+def test_generated_programs_equal_their_eager_twin(graph_oracle, device, case, seed, mode):
     program, fault = case
-    check_program(graph_capturer, program, seed=seed, device=device, exact=exact, context=failure_context,
-                  fault=fault)
+    check_program(graph_oracle.fresh(), program, seed=seed, device=device, mode=mode, fault=fault)
 
 
 # How a break's result differs at one replay from the structure it had at capture. The first two are
@@ -472,8 +465,7 @@ OUTPUT_CHANGES: dict[str, Callable[[dict[str, Any]], None]] = {
 
 @pytest.mark.clause("changes-raise")
 @pytest.mark.parametrize("change", sorted(OUTPUT_CHANGES))
-def test_break_output_change_at_replay_raises_then_recovers(graph_capturer, make_tensor, exact, failure_context,
-                                                            change):
+def test_break_output_change_at_replay_raises_then_recovers(graph_oracle, make_tensor, change):
     x = make_tensor(4, 3, seed=21)
     armed: list[str] = []
 
@@ -488,12 +480,10 @@ def test_break_output_change_at_replay_raises_then_recovers(graph_capturer, make
         r = attention_like(x + 1)
         return r["out"] + r["pair"][0] * r["pair"][1] - r["kv"][0] + r["kv"][1] * r["obj"].out - r["obj"].extra
 
-    graph = graph_capturer.capture(fn)
+    graph = graph_oracle.capture(fn)
     x.copy_(make_tensor(4, 3, seed=22))
     armed.append(change)
-    with pytest.raises(ReplayError) as raised:
-        graph.replay()
-    _assert_refused_where_it_happened(raised.value)
+    _assert_refused_where_it_happened(graph_oracle.replay_fails(graph, ReplayError, change=change))
     assert not is_capturing()
     x.copy_(make_tensor(4, 3, seed=23))
-    assert_equivalent(graph.replay(), fn(), exact=exact, context=failure_context(change=change, recovered=True))
+    graph_oracle.replay(graph, fn, inputs=[x], change=change, recovered=True)

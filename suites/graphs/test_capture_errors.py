@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
+from collections.abc import Iterator
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from harness.compare import assert_equivalent
 from harness.errors import CaptureError
 from harness.graphs import eager_on_graph, is_capturing
+from harness.oracle import CALLING_MODES
 
 pytestmark = pytest.mark.clause("capture-rules")
 
@@ -24,24 +29,23 @@ HOST_SYNC_PROGRAMS = {
 }
 
 
-def _assert_capture_usable_afterwards(graph_capturer, make_tensor):
+def _assert_capture_usable_afterwards(graph_oracle, make_tensor):
     assert not is_capturing(), "a failed capture left a capture active"
     x = make_tensor(4, seed=99)
-    graph = graph_capturer.capture(lambda: x * 2)
+    graph = graph_oracle.capture(lambda: x * 2, after="a failed capture")
     x.copy_(make_tensor(4, seed=100))
-    assert_equivalent(graph.replay(), x * 2, exact=True)
+    graph_oracle.replay(graph, lambda: x * 2, inputs=[x], exact=True, after="a failed capture")
 
 
 @pytest.mark.parametrize("program", sorted(HOST_SYNC_PROGRAMS))
-def test_host_sync_or_data_dependent_op_fails_capture(graph_capturer, make_tensor, program):
+def test_host_sync_or_data_dependent_op_fails_capture(graph_oracle, make_tensor, program):
     x = make_tensor(16, seed=1)
     HOST_SYNC_PROGRAMS[program](x)  # eager is fine
-    with pytest.raises(CaptureError):
-        graph_capturer.capture(lambda: HOST_SYNC_PROGRAMS[program](x))
-    _assert_capture_usable_afterwards(graph_capturer, make_tensor)
+    graph_oracle.capture_fails(lambda: HOST_SYNC_PROGRAMS[program](x), CaptureError, program=program)
+    _assert_capture_usable_afterwards(graph_oracle, make_tensor)
 
 
-def test_a_device_side_assert_is_captured_and_replayed(graph_capturer, make_tensor):
+def test_a_device_side_assert_is_captured_and_replayed(graph_oracle, make_tensor):
     # torch._assert_async checks on the device, without the host: CUDA captures it (engines use it for
     # bounds checks inside graphs), so a capturer must not refuse it as it refuses a host sync.
     x = make_tensor(16, seed=4)
@@ -50,26 +54,24 @@ def test_a_device_side_assert_is_captured_and_replayed(graph_capturer, make_tens
         torch._assert_async((x == x).any())  # true for any finite values
         return x * 2
 
-    graph = graph_capturer.capture(program)
+    graph = graph_oracle.capture(program)
     x.copy_(make_tensor(16, seed=5))
-    assert_equivalent(graph.replay(), x * 2, exact=True)
+    graph_oracle.replay(graph, program, inputs=[x], exact=True)
 
 
-def test_copy_to_host_fails_capture(graph_capturer, make_tensor, device):
+def test_copy_to_host_fails_capture(graph_oracle, make_tensor, device):
     if device.type == "cpu":
         pytest.skip("tensors already live on the host: there is no device-to-host copy to refuse")
     x = make_tensor(8, seed=2)
-    with pytest.raises(CaptureError):
-        graph_capturer.capture(lambda: x.cpu() * 2)
-    _assert_capture_usable_afterwards(graph_capturer, make_tensor)
+    graph_oracle.capture_fails(lambda: x.cpu() * 2, CaptureError)
+    _assert_capture_usable_afterwards(graph_oracle, make_tensor)
 
 
-def test_emulated_error_names_the_op(graph_capturer, graph_backend, make_tensor):
+def test_emulated_error_names_the_op(graph_oracle, graph_backend, make_tensor):
     if graph_backend.name != "emulated":
         pytest.skip("CUDA reports a generic capture error without the op's name")
     x = make_tensor(4, seed=3)
-    with pytest.raises(CaptureError, match="nonzero"):
-        graph_capturer.capture(lambda: torch.nonzero(x))
+    graph_oracle.capture_fails(lambda: torch.nonzero(x), CaptureError, match="nonzero")
 
 
 class _Interrupt(BaseException):
@@ -79,7 +81,7 @@ class _Interrupt(BaseException):
 @pytest.mark.clause("capture-failure-clean")
 @pytest.mark.parametrize("error_type", [ValueError, _Interrupt])
 @pytest.mark.parametrize("where", ["segment", "break"])
-def test_exception_during_capture_propagates_and_leaves_no_state(graph_capturer, make_tensor, error_type, where):
+def test_exception_during_capture_propagates_and_leaves_no_state(graph_oracle, make_tensor, error_type, where):
     x = make_tensor(4, seed=4)
 
     @eager_on_graph
@@ -92,53 +94,48 @@ def test_exception_during_capture_propagates_and_leaves_no_state(graph_capturer,
             return failing_break(h)
         raise error_type("boom")
 
-    with pytest.raises(error_type, match="boom"):
-        graph_capturer.capture(fn)
-    _assert_capture_usable_afterwards(graph_capturer, make_tensor)
+    graph_oracle.capture_fails(fn, error_type, match="boom", where=where)
+    _assert_capture_usable_afterwards(graph_oracle, make_tensor)
 
 
 @pytest.mark.clause("not-reentrant")
-def test_nested_capture_raises(graph_capturer, make_tensor):
+def test_nested_capture_raises(graph_oracle, make_tensor):
     x = make_tensor(4, seed=5)
 
     def outer():
-        graph_capturer.capture(lambda: x * 2)
+        graph_oracle.capturer.capture(lambda: x * 2)
         return x + 1
 
-    with pytest.raises(CaptureError, match="re-entrant"):
-        graph_capturer.capture(outer)
-    _assert_capture_usable_afterwards(graph_capturer, make_tensor)
+    graph_oracle.capture_fails(outer, CaptureError, match="re-entrant")
+    _assert_capture_usable_afterwards(graph_oracle, make_tensor)
 
 
 @pytest.mark.clause("not-reentrant")
-def test_capture_inside_a_break_body_raises(graph_capturer, make_tensor):
+def test_capture_inside_a_break_body_raises(graph_oracle, make_tensor):
     x = make_tensor(4, seed=6)
 
     @eager_on_graph
     def sneaky(h):
-        graph_capturer.capture(lambda: h * 2)
+        graph_oracle.capturer.capture(lambda: h * 2)
         return h
 
-    with pytest.raises(CaptureError, match="re-entrant"):
-        graph_capturer.capture(lambda: sneaky(x + 1))
-    _assert_capture_usable_afterwards(graph_capturer, make_tensor)
+    graph_oracle.capture_fails(lambda: sneaky(x + 1), CaptureError, match="re-entrant")
+    _assert_capture_usable_afterwards(graph_oracle, make_tensor)
 
 
 # --- what a failed capture must give back, on every exit path -------------------------------------------
 
 
 def _process_state(device: torch.device) -> dict[str, object]:
-    """The process-wide state a capture may change while it runs and must restore however it ends."""
+    """The process-wide state a capture may change while it runs and must restore however it ends, beyond what the
+    checker compares with eager around every capture (grad and inference modes, the collector, the current stream,
+    ...): Dynamo's configuration, the dispatch-mode stack, the patched Tensor.tolist, the stream's capture status."""
     state: dict[str, object] = {
         "dynamo config": torch._dynamo.config.get_config_copy(),
         "dispatch modes active": len(_get_current_dispatch_mode_stack()),
-        "grad enabled": torch.is_grad_enabled(),
-        "inference mode": torch.is_inference_mode_enabled(),
         "Tensor.tolist": torch.Tensor.tolist,
-        "garbage collector enabled": gc.isenabled(),
     }
     if device.type == "cuda":
-        state["current stream"] = torch.cuda.current_stream(device)
         state["stream capturing"] = torch.cuda.is_current_stream_capturing()
     return state
 
@@ -169,7 +166,7 @@ FAILED_CAPTURES = {
 
 @pytest.mark.clause("capture-failure-clean")
 @pytest.mark.parametrize("how", sorted(FAILED_CAPTURES))
-def test_failed_capture_restores_compile_stance_dynamo_and_allocator_state(graph_capturer, make_tensor, device,
+def test_failed_capture_restores_compile_stance_dynamo_and_allocator_state(graph_oracle, make_tensor, device,
                                                                             failure_context, how):
     """After a capture that failed part-way, compiled functions compile and run compiled again, and
     the dispatch-mode stack, grad mode, patched methods, the garbage collector and (on CUDA) the
@@ -179,8 +176,7 @@ def test_failed_capture_restores_compile_stance_dynamo_and_allocator_state(graph
     program, error = FAILED_CAPTURES[how]
     x = make_tensor(6, seed=7)
     before = _process_state(device)
-    with pytest.raises(error):
-        graph_capturer.capture(lambda: program(x))
+    graph_oracle.capture_fails(lambda: program(x), error, how=how)
     after = _process_state(device)
     changed = {name: (before[name], after[name]) for name in before if after[name] != before[name]}
     assert not changed, f"a failed capture left process state changed (before, after): {changed} " \
@@ -198,34 +194,50 @@ def test_failed_capture_restores_compile_stance_dynamo_and_allocator_state(graph
         "capture left a compile stance (force_eager, eager_on_recompile) or a Dynamo setting behind"
     )
     torch._dynamo.reset()
-    _assert_capture_usable_afterwards(graph_capturer, make_tensor)
+    _assert_capture_usable_afterwards(graph_oracle, make_tensor)
+
+
+@contextlib.contextmanager
+def _process_settings(*, collector: bool, precision: str, default_dtype: torch.dtype) -> Iterator[None]:
+    """The caller's process settings for one example, given back afterwards."""
+    saved = (gc.isenabled(), torch.get_float32_matmul_precision(), torch.get_default_dtype())
+    (gc.enable if collector else gc.disable)()
+    torch.set_float32_matmul_precision(precision)
+    torch.set_default_dtype(default_dtype)
+    try:
+        yield
+    finally:
+        (gc.enable if saved[0] else gc.disable)()
+        torch.set_float32_matmul_precision(saved[1])
+        torch.set_default_dtype(saved[2])
 
 
 @pytest.mark.clause("capture-failure-clean")
-def test_successful_capture_restores_process_state(graph_capturer, make_tensor, device):
+@given(mode=st.sampled_from(CALLING_MODES), collector=st.booleans(),
+       precision=st.sampled_from(["highest", "high", "medium"]),
+       default_dtype=st.sampled_from([torch.float32, torch.float64]))
+def test_successful_capture_restores_process_state(graph_oracle, make_tensor, device, mode, collector, precision,
+                                                   default_dtype):
     """A capture that succeeds gives back what it changed too: an engine captures under no_grad or with
     the collector off, and a capture that restored them only on failure would leave the rest of the
-    process (the eager path, a training step, the collector) changed."""
+    process (the eager path, a training step, the collector) changed. The caller's settings are drawn:
+    a capturer that sets one to a fixed value (TF32 matmuls, a default dtype, the collector off) and never
+    gives it back is seen only from a caller whose setting was another, whatever earlier captures of this
+    process (the implementation's load-time smoke capture among them) left behind."""
+    oracle = graph_oracle.fresh()
     x = make_tensor(6, seed=8)
 
     @eager_on_graph
     def attend(h):
         return h * 3
 
-    # From the state an engine starts in, whatever earlier captures of this session (the implementation's
-    # load-time smoke capture among them) left behind.
-    collector_was_enabled = gc.isenabled()
-    gc.enable()
-    try:
-        with torch.enable_grad():
-            before = _process_state(device)
-            graph = graph_capturer.capture(lambda: attend(x + 1) - 1)
-            after_capture = _process_state(device)
-            graph.replay()
-            after_replay = _process_state(device)
-    finally:
-        if not collector_was_enabled:
-            gc.disable()
+    program = lambda: attend(x + 1) - 1  # noqa: E731
+    with _process_settings(collector=collector, precision=precision, default_dtype=default_dtype):
+        before = _process_state(device)
+        graph = oracle.capture(program, mode=mode)
+        after_capture = _process_state(device)
+        oracle.replay(graph, program, inputs=[x], mode=mode)
+        after_replay = _process_state(device)
     for when, after in (("capture", after_capture), ("replay", after_replay)):
         changed = {name: (before[name], after[name]) for name in before if after[name] != before[name]}
         assert not changed, f"a successful {when} left process state changed (before, after): {changed}"

@@ -7,8 +7,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.compare import assert_equivalent
 from harness.graphs import eager_on_graph
+from harness.oracle import CALLING_MODES
 
 pytestmark = pytest.mark.clause("replay-equals-eager")
 
@@ -52,25 +52,51 @@ def _run_program(ops: list[tuple[str, float]], inputs: list[torch.Tensor], weigh
     return h
 
 
+class Program(torch.nn.Module):
+    """A random op program as an engine hands it to a capturer: a module whose ``forward`` takes no argument and
+    reads static inputs the caller refills in place, a weight parameter (it requires grad, as a model's do) and a
+    bias buffer."""
+
+    def __init__(self, ops: list[tuple[str, float]], inputs: list[torch.Tensor], weight: torch.Tensor,
+                 bias: torch.Tensor) -> None:
+        super().__init__()
+        self.ops, self.inputs = ops, inputs
+        self.weight = torch.nn.Parameter(weight)
+        self.register_buffer("bias", bias)
+
+    def forward(self) -> torch.Tensor:
+        return _run_program(self.ops, self.inputs, self.weight, self.bias)
+
+
+# How the program is handed to the capturer: the module itself, its bound forward (hooks bypassed), or a closure.
+HANDED = {"module": lambda program: program, "bound forward": lambda program: program.forward,
+          "closure": lambda program: lambda: program()}
+
 programs = st.lists(
     st.tuples(st.sampled_from(OPS), st.sampled_from((0.5, -1.25, 2.0))), min_size=1, max_size=12
 )
 
 
 @given(ops=programs, rows=st.integers(1, 9), width=st.integers(1, 9), input_count=st.integers(1, 3),
-       seed=st.integers(0, 2**31 - 1))
-def test_replay_after_refill_equals_eager(graph_capturer, make_tensor, exact, failure_context, ops, rows, width,
-                                          input_count, seed):
+       seed=st.integers(0, 2**31 - 1), mode=st.sampled_from(CALLING_MODES), handed=st.sampled_from(sorted(HANDED)),
+       training=st.booleans(), refills=st.lists(st.booleans(), min_size=1, max_size=3))
+def test_replay_after_refill_equals_eager(graph_oracle, make_tensor, ops, rows, width, input_count, seed, mode, handed,
+                                          training, refills):
+    """Captured and replayed under the caller's ``mode``; before each replay the caller refills every tensor the
+    program reads (inputs, bias buffer, weight parameter), or replays again as it is."""
+    oracle = graph_oracle.fresh()
     inputs = [make_tensor(rows, width, seed=seed + i) for i in range(input_count)]
-    weight = make_tensor(width, width, seed=seed + 100) / width**0.5
-    bias = make_tensor(width, seed=seed + 101)
-    graph = graph_capturer.capture(lambda: _run_program(ops, inputs, weight, bias))
+    program = Program(ops, inputs, make_tensor(width, width, seed=seed + 100) / width**0.5,
+                      make_tensor(width, seed=seed + 101)).train(training)
+    fn = HANDED[handed](program)
+    graph = oracle.capture(fn, modules=[program], mode=mode, program=ops, handed=handed)
     assert graph.break_count == sum(op == "break" for op, _ in ops)
-    for refill in range(2):
-        for i, tensor in enumerate(inputs):
-            tensor.copy_(make_tensor(rows, width, seed=seed + 1000 * (refill + 1) + i))
-        bias.copy_(make_tensor(width, seed=seed + 7000 + refill))
-        replayed = graph.replay().clone()
-        expected = _run_program(ops, inputs, weight, bias)
-        assert_equivalent(replayed, expected, exact=exact, context=failure_context(
-            program=ops, shape=(rows, width), seed=seed, refill=refill))
+    for replay, refill in enumerate(refills):
+        if refill:
+            with torch.no_grad():  # as an engine loads new weights: in place, outside autograd
+                for i, tensor in enumerate(inputs):
+                    tensor.copy_(make_tensor(rows, width, seed=seed + 1000 * (replay + 1) + i))
+                program.bias.copy_(make_tensor(width, seed=seed + 7000 + replay))
+                program.weight.copy_(make_tensor(width, width, seed=seed + 8000 + replay) / width**0.5)
+        oracle.replay(graph, fn, inputs=inputs, modules=[program], mode=mode, program=ops, shape=(rows, width),
+                      seed=seed, handed=handed, training=training, replay=replay, refilled=refill)

@@ -79,6 +79,23 @@ def test_process_state_left_behind_is_caught(leak, name):
     assert name in message
 
 
+def test_a_forward_context_left_published_is_caught():
+    from harness.batch import ForwardBatch, forward_context, published_batch
+
+    batch = ForwardBatch.from_lengths([2], vocab_size=8, seed=0)
+    left = forward_context(batch)
+
+    def leaves_it_published():
+        left.__enter__()  # entered, never exited: the next attention outside a forward reads this batch
+        return X * 2
+
+    try:
+        message = _fails(leaves_it_published, lambda: X * 2, fact="process state")
+    finally:
+        left.__exit__(None, None, None)
+    assert "published forward context" in message and published_batch() is None
+
+
 def test_module_state_left_behind_is_caught():
     model = torch.nn.Linear(3, 3)
 
@@ -159,6 +176,8 @@ def test_construction_must_leave_the_model_as_it_was():
 
     with pytest.raises(MismatchError, match="construction"):
         checker.construct(hooks_the_model, modules=[model])
+    with pytest.raises(MismatchError, match="call: a call that raised"):  # any action that must leave them alone
+        checker.construct(lambda: model.train(not model.training), modules=[model], what="a call that raised")
 
 
 def test_a_failure_names_the_component_the_mode_and_the_callers_details():

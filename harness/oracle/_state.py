@@ -27,6 +27,8 @@ def process_state() -> dict[str, Any]:
     """Modes and settings of this process that a call could change and fail to restore."""
     from torch.nn.modules import module as nn_module
 
+    from harness.batch import published_batch
+
     state: dict[str, Any] = {
         "grad mode": torch.is_grad_enabled(),
         "inference mode": torch.is_inference_mode_enabled(),
@@ -35,6 +37,9 @@ def process_state() -> dict[str, Any]:
         "deterministic algorithms": torch.are_deterministic_algorithms_enabled(),
         "float32 matmul precision": torch.get_float32_matmul_precision(),
         "intra-op threads": torch.get_num_threads(),
+        # The batch attention reads out of band (harness.batch.forward_context): eager publishes it for its forward
+        # only, so a call that leaves one published feeds a stale batch to the next attention outside a forward.
+        "published forward context": id(published_batch()) if published_batch() is not None else None,
     }
     for device_type in ("cpu", "cuda"):
         state[f"autocast {device_type}"] = (torch.is_autocast_enabled(device_type),

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from harness.errors import MismatchError
-from harness.oracle import ALLOWED, CALLING_MODES, Checker, calling_mode, check_call
+from harness.oracle import ALLOWED, CALLING_MODES, Checker, calling_mode, check_call, process_state_kept
 
 X = torch.arange(12.0).reshape(4, 3)
 INDEX = torch.tensor([0, 2])
@@ -94,6 +94,15 @@ def test_a_forward_context_left_published_is_caught():
     finally:
         left.__exit__(None, None, None)
     assert "published forward context" in message and published_batch() is None
+
+
+def test_a_smoke_call_leaves_nothing_that_would_hide_the_same_change_later():
+    saved = (torch.is_grad_enabled(), torch.get_default_dtype(), gc.isenabled())
+    with process_state_kept():
+        gc.disable()
+        torch.set_grad_enabled(not saved[0])
+        torch.set_default_dtype(torch.float64)
+    assert (torch.is_grad_enabled(), torch.get_default_dtype(), gc.isenabled()) == saved
 
 
 def test_module_state_left_behind_is_caught():

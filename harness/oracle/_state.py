@@ -6,13 +6,14 @@ parameter written in place by a replayed kernel bumps no version counter, so val
 
 from __future__ import annotations
 
+import contextlib
 import gc
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
 
-__all__ = ["process_state", "module_state", "rng_state", "set_rng_state", "changes"]
+__all__ = ["process_state", "process_state_kept", "module_state", "rng_state", "set_rng_state", "changes"]
 
 # Hook tables a module keeps; a caller's handle removes its hook from the very dict it was added to, so the
 # dict's identity is part of the state as much as its entries.
@@ -54,6 +55,30 @@ def process_state() -> dict[str, Any]:
         if hooks is not None:
             state[f"torch.nn global hooks {table}"] = (id(hooks), tuple((k, id(v)) for k, v in hooks.items()))
     return state
+
+
+@contextlib.contextmanager
+def process_state_kept() -> Iterator[None]:
+    """Put back, after the block, the settings of :func:`process_state` a call can set and leave changed (grad mode,
+    default dtype, the garbage collector, deterministic algorithms, matmul precision, threads, autocast): for the
+    harness's own start-up call of an implementation (a smoke call), whose leftovers would otherwise hide the same
+    change made by the calls the suites check."""
+    before = process_state()
+    try:
+        yield
+    finally:
+        torch.set_grad_enabled(before["grad mode"])
+        torch.set_default_dtype(before["default dtype"])
+        (gc.enable if before["garbage collector enabled"] else gc.disable)()
+        if torch.are_deterministic_algorithms_enabled() != before["deterministic algorithms"]:
+            torch.use_deterministic_algorithms(before["deterministic algorithms"])
+        torch.set_float32_matmul_precision(before["float32 matmul precision"])
+        if torch.get_num_threads() != before["intra-op threads"]:
+            torch.set_num_threads(before["intra-op threads"])
+        for device_type in ("cpu", "cuda"):
+            enabled, dtype = before[f"autocast {device_type}"]
+            torch.set_autocast_enabled(device_type, enabled)
+            torch.set_autocast_dtype(device_type, dtype)
 
 
 def rng_state() -> tuple[torch.Tensor, ...]:

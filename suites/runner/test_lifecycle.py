@@ -35,21 +35,26 @@ def test_forward_restored_after_success(zoo_runner, check_run, device):
 
 @pytest.mark.parametrize("error", [RuntimeError("logits processor failed"), _Abort()],
                          ids=["Exception", "BaseException"])
-def test_forward_restored_after_an_error_and_runner_still_usable(zoo_runner, check_run, device, monkeypatch, error):
+def test_forward_restored_after_an_error_and_runner_still_usable(zoo_runner, check_run, runner_checker, device,
+                                                                 monkeypatch, error):
     model, runner = zoo_runner("dense")
 
     def failing(*args, **kwargs):
         raise error
 
-    with monkeypatch.context() as patch:
-        patch.setattr(model.logits_processor, "forward", failing)
+    def raising_run():
         with pytest.raises(type(error)):
             runner.run(_batch(device))
+
+    with monkeypatch.context() as patch:
+        patch.setattr(model.logits_processor, "forward", failing)
+        # it leaves the process and the model as it found them, as eager raising from the same place would
+        runner_checker.construct(raising_run, modules=[model], what=f"run raising {type(error).__name__}")
     _assert_forward_restored(runner.discovery.module, f"after {type(error).__name__} in the outer forward")
     check_run(runner, model, _batch(device, seed=12), model="dense", seed=12)
 
 
-def test_replay_inside_a_replay_raises(zoo_runner, check_run, device, monkeypatch):
+def test_replay_inside_a_replay_raises(zoo_runner, check_run, runner_checker, device, monkeypatch):
     model, runner = zoo_runner("dense")
     original = model.logits_processor.forward
     inner = _batch(device, lengths=(2,), seed=13)
@@ -58,10 +63,13 @@ def test_replay_inside_a_replay_raises(zoo_runner, check_run, device, monkeypatc
         runner.run(inner)
         return original(hidden, batch)
 
-    with monkeypatch.context() as patch:
-        patch.setattr(model.logits_processor, "forward", nested)
+    def refused_run():
         with pytest.raises(ReplayError):
             runner.run(_batch(device))
+
+    with monkeypatch.context() as patch:
+        patch.setattr(model.logits_processor, "forward", nested)
+        runner_checker.construct(refused_run, modules=[model], what="run refusing a run nested inside it")
     _assert_forward_restored(runner.discovery.module, "after a nested replay was refused")
     check_run(runner, model, inner, model="dense", seed=13)
 

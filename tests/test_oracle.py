@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from harness.errors import MismatchError
-from harness.oracle import ALLOWED, CALLING_MODES, Checker, calling_mode, check_call
+from harness.oracle import ALLOWED, CALLING_MODES, Checker, calling_mode, check_call, process_state_kept
 
 X = torch.arange(12.0).reshape(4, 3)
 INDEX = torch.tensor([0, 2])
@@ -77,6 +77,32 @@ def test_process_state_left_behind_is_caught(leak, name):
         if saved[2]:
             gc.enable()
     assert name in message
+
+
+def test_a_forward_context_left_published_is_caught():
+    from harness.batch import ForwardBatch, forward_context, published_batch
+
+    batch = ForwardBatch.from_lengths([2], vocab_size=8, seed=0)
+    left = forward_context(batch)
+
+    def leaves_it_published():
+        left.__enter__()  # entered, never exited: the next attention outside a forward reads this batch
+        return X * 2
+
+    try:
+        message = _fails(leaves_it_published, lambda: X * 2, fact="process state")
+    finally:
+        left.__exit__(None, None, None)
+    assert "published forward context" in message and published_batch() is None
+
+
+def test_a_smoke_call_leaves_nothing_that_would_hide_the_same_change_later():
+    saved = (torch.is_grad_enabled(), torch.get_default_dtype(), gc.isenabled())
+    with process_state_kept():
+        gc.disable()
+        torch.set_grad_enabled(not saved[0])
+        torch.set_default_dtype(torch.float64)
+    assert (torch.is_grad_enabled(), torch.get_default_dtype(), gc.isenabled()) == saved
 
 
 def test_module_state_left_behind_is_caught():
@@ -199,6 +225,8 @@ def test_construction_must_leave_the_model_as_it_was():
 
     with pytest.raises(MismatchError, match="construction"):
         checker.construct(hooks_the_model, modules=[model])
+    with pytest.raises(MismatchError, match="call: a call that raised"):  # any action that must leave them alone
+        checker.construct(lambda: model.train(not model.training), modules=[model], what="a call that raised")
 
 
 def test_a_failure_names_the_component_the_mode_and_the_callers_details():

@@ -116,16 +116,19 @@ class Checker:
         self._raise(problems, self._details(mode=mode, **details))
         return actual
 
-    def construct(self, build: Callable[[], Any], *, modules: Sequence[torch.nn.Module], **details: Any) -> Any:
+    def construct(self, build: Callable[[], Any], *, modules: Sequence[torch.nn.Module], what: str = "construction",
+                  **details: Any) -> Any:
         """Run ``build()`` (a runner's or capturer's construction) and check it leaves the process and ``modules``
-        as eager, which builds nothing, would: no parameter, buffer, hook, flag or ``forward`` changed."""
+        as eager, which builds nothing, would: no parameter, buffer, hook, flag or ``forward`` changed. ``what``
+        names it in a failure: also a call that must leave them as it found them (one that raises, as eager
+        raising from the same place would)."""
         __tracebackhide__ = True
         before = _snapshot(modules, ())
         built = build()
         after = _snapshot(modules, ())
         _state.set_rng_state(before.rng)  # construction may draw (warm-up inputs); the caller's stream is theirs
         problems = self._state_differences(before, before, after, rng=False)
-        self._raise(problems, self._details(**details, call="construction"))
+        self._raise(problems, self._details(**details, call=what))
         return built
 
     def _details(self, **details: Any) -> Mapping[str, Any]:

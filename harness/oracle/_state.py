@@ -6,13 +6,14 @@ parameter written in place by a replayed kernel bumps no version counter, so val
 
 from __future__ import annotations
 
+import contextlib
 import gc
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
 
-__all__ = ["process_state", "module_state", "rng_state", "set_rng_state", "changes"]
+__all__ = ["process_state", "process_state_kept", "module_state", "rng_state", "set_rng_state", "changes"]
 
 # Hook tables a module keeps; a caller's handle removes its hook from the very dict it was added to, so the
 # dict's identity is part of the state as much as its entries.
@@ -27,6 +28,8 @@ def process_state() -> dict[str, Any]:
     """Modes and settings of this process that a call could change and fail to restore."""
     from torch.nn.modules import module as nn_module
 
+    from harness.batch import published_batch
+
     state: dict[str, Any] = {
         "grad mode": torch.is_grad_enabled(),
         "inference mode": torch.is_inference_mode_enabled(),
@@ -35,6 +38,9 @@ def process_state() -> dict[str, Any]:
         "deterministic algorithms": torch.are_deterministic_algorithms_enabled(),
         "float32 matmul precision": torch.get_float32_matmul_precision(),
         "intra-op threads": torch.get_num_threads(),
+        # The batch attention reads out of band (harness.batch.forward_context): eager publishes it for its forward
+        # only, so a call that leaves one published feeds a stale batch to the next attention outside a forward.
+        "published forward context": id(published_batch()) if published_batch() is not None else None,
     }
     for device_type in ("cpu", "cuda"):
         state[f"autocast {device_type}"] = (torch.is_autocast_enabled(device_type),
@@ -49,6 +55,30 @@ def process_state() -> dict[str, Any]:
         if hooks is not None:
             state[f"torch.nn global hooks {table}"] = (id(hooks), tuple((k, id(v)) for k, v in hooks.items()))
     return state
+
+
+@contextlib.contextmanager
+def process_state_kept() -> Iterator[None]:
+    """Put back, after the block, the settings of :func:`process_state` a call can set and leave changed (grad mode,
+    default dtype, the garbage collector, deterministic algorithms, matmul precision, threads, autocast): for the
+    harness's own start-up call of an implementation (a smoke call), whose leftovers would otherwise hide the same
+    change made by the calls the suites check."""
+    before = process_state()
+    try:
+        yield
+    finally:
+        torch.set_grad_enabled(before["grad mode"])
+        torch.set_default_dtype(before["default dtype"])
+        (gc.enable if before["garbage collector enabled"] else gc.disable)()
+        if torch.are_deterministic_algorithms_enabled() != before["deterministic algorithms"]:
+            torch.use_deterministic_algorithms(before["deterministic algorithms"])
+        torch.set_float32_matmul_precision(before["float32 matmul precision"])
+        if torch.get_num_threads() != before["intra-op threads"]:
+            torch.set_num_threads(before["intra-op threads"])
+        for device_type in ("cpu", "cuda"):
+            enabled, dtype = before[f"autocast {device_type}"]
+            torch.set_autocast_enabled(device_type, enabled)
+            torch.set_autocast_dtype(device_type, dtype)
 
 
 def rng_state() -> tuple[torch.Tensor, ...]:
@@ -74,7 +104,8 @@ def _tensor_state(prefix: str, tensor: torch.Tensor | None, state: dict[str, Any
                                    tensor.requires_grad, tensor.untyped_storage().data_ptr() if tensor.numel() else 0)
     state[f"{prefix} values"] = tensor.detach().clone()
     grad = tensor.grad if tensor.is_leaf else None
-    state[f"{prefix} grad"] = None if grad is None else (id(grad), grad.detach().clone())
+    state[f"{prefix} grad object"] = None if grad is None else id(grad)
+    state[f"{prefix} grad"] = None if grad is None else grad.detach().clone()
 
 
 def module_state(modules: Iterable[torch.nn.Module]) -> dict[str, Any]:
@@ -99,6 +130,8 @@ def module_state(modules: Iterable[torch.nn.Module]) -> dict[str, Any]:
 
 
 def _same(left: Any, right: Any) -> bool:
+    if left is right:  # the same object (a dtype, a cached int, a tensor kept by two snapshots) is itself
+        return True
     if isinstance(left, torch.Tensor) or isinstance(right, torch.Tensor):
         if not (isinstance(left, torch.Tensor) and isinstance(right, torch.Tensor)):
             return False
@@ -113,7 +146,16 @@ def _same(left: Any, right: Any) -> bool:
     return bool(left == right)
 
 
+def _same_fact(left: Any, right: Any) -> bool:
+    # A snapshot's tuples hold no tensors (values and grads are facts of their own), so they compare with == in C:
+    # a snapshot holds about a thousand of them, compared twice per checked call.
+    if type(left) is tuple and type(right) is tuple:
+        return left == right
+    return _same(left, right)
+
+
 def changes(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
     """Names whose value differs between two snapshots (added or removed names included), in a stable order."""
     names = list(dict.fromkeys([*before, *after]))
-    return [name for name in names if name not in before or name not in after or not _same(before[name], after[name])]
+    return [name for name in names
+            if name not in before or name not in after or not _same_fact(before[name], after[name])]

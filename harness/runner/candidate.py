@@ -28,6 +28,7 @@ def validate_runner_factory(candidate: Any, spec: str, *, smoke: bool = True) ->
     from harness.batch import ForwardBatch
     from harness.graphs import GraphCapturer, get_backend
     from harness.models import ModelConfig, build_model
+    from harness.oracle import process_state_kept
 
     require_callable(candidate, spec, f"a class or factory called as {_FACTORY} that returns a runner "
                                       "(see docs/runner.md)")
@@ -40,13 +41,15 @@ def validate_runner_factory(candidate: Any, spec: str, *, smoke: bool = True) ->
     graphs = GraphCapturer(get_backend("emulated"))
     name = describe(candidate)
     call = f"{name}(dense model, buckets={_SMOKE_BUCKETS}, graphs=<emulated capturer>)"
-    with warnings.catch_warnings():
+    # What the smoke call leaves in the process (gc switched off, a grad mode) is put back: left there, it would
+    # hide the same change made by the construction and calls the suites check (harness.oracle).
+    with warnings.catch_warnings(), process_state_kept():
         warnings.simplefilter("ignore")  # a discovery warning is the suites' business
         runner = smoke_step(spec, call, lambda: candidate(model, buckets=_SMOKE_BUCKETS, graphs=graphs,
                                                           strict_discovery=False))
-    require_members(runner, spec, f"the object {name}(...) returned", RUNNER_MEMBERS, callables=RUNNER_METHODS)
-    batch = ForwardBatch.from_lengths(_SMOKE_LENGTHS, vocab_size=config.vocab_size, seed=0)
-    smoke_step(spec, f"runner.run(one request of {_SMOKE_LENGTHS[0]} tokens)", lambda: runner.run(batch))
+        require_members(runner, spec, f"the object {name}(...) returned", RUNNER_MEMBERS, callables=RUNNER_METHODS)
+        batch = ForwardBatch.from_lengths(_SMOKE_LENGTHS, vocab_size=config.vocab_size, seed=0)
+        smoke_step(spec, f"runner.run(one request of {_SMOKE_LENGTHS[0]} tokens)", lambda: runner.run(batch))
     return candidate
 
 

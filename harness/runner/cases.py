@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from harness.batch import ForwardBatch, select_bucket
 from harness.models import LogitsOutput, ModelConfig
+from harness.runner.runner import map_tensors
 
 __all__ = [
     "BUCKETS",
@@ -23,6 +24,8 @@ __all__ = [
     "eager",
     "eager_padded",
     "eager_forward",
+    "TwinSteps",
+    "stateless_parts",
     "lengths_strategy",
     "split_strategy",
 ]
@@ -55,11 +58,15 @@ def eager(model: torch.nn.Module, batch: ForwardBatch) -> Any:
         return model(batch.input_ids, batch.positions, batch)
 
 
-def eager_padded(model: torch.nn.Module, batch: ForwardBatch, bucket: int) -> LogitsOutput:
+def eager_padded(model: torch.nn.Module, batch: ForwardBatch, bucket: int) -> Any:
     """Eager on ``batch`` padded to ``bucket`` tokens, per-token outputs cut back to the real tokens:
-    the same math as the unpadded oracle, run at the shapes a replay of ``bucket`` runs at."""
+    the same math as the unpadded oracle, run at the shapes a replay of ``bucket`` runs at. A model handing out
+    another structure than :class:`~harness.models.LogitsOutput` (a dict with auxiliary hidden states) gets every
+    tensor of ``bucket`` rows cut."""
     out = eager(model, batch.padded_to(bucket))
     real = batch.num_tokens
+    if not isinstance(out, LogitsOutput):
+        return map_tensors(out, lambda tensor: tensor[:real] if tensor.dim() and tensor.shape[0] == bucket else tensor)
     logits = out.next_token_logits[:real] if batch.all_logits else out.next_token_logits
     hidden = out.hidden_states[:real] if str(batch.hidden_mode) == "full" else out.hidden_states
     return LogitsOutput(logits, hidden)
@@ -76,6 +83,42 @@ def eager_forward(model: torch.nn.Module, *, bitwise: bool) -> Callable[[Forward
         return eager(model, batch)
 
     return forward
+
+
+class TwinSteps:
+    """The eager twin of a stepping loop (decode, speculative decoding) whose runner calls are checked against it:
+    :meth:`run` is the twin's forward inside the check (the oracle of the runner's call on that batch), and
+    :meth:`replay` hands its output to the twin's own loop, which must have built the same batch."""
+
+    def __init__(self, forward: Callable[[ForwardBatch], Any], what: str) -> None:
+        self.forward, self.what = forward, what
+        self._pending: list[tuple[ForwardBatch, Any]] = []
+
+    def run(self, batch: ForwardBatch) -> Any:
+        output = self.forward(batch)
+        self._pending.append((batch, output))
+        return output
+
+    def replay(self, batch: ForwardBatch) -> Any:
+        if len(self._pending) != 1:
+            raise AssertionError(f"{self.what}: the twin's loop stepped with {len(self._pending)} checked runner "
+                                 "calls pending (one a step)")
+        sent, output = self._pending.pop()
+        same = (torch.equal(batch.input_ids, sent.input_ids) and torch.equal(batch.positions, sent.positions)
+                and (batch.hidden_mode, batch.all_logits) == (sent.hidden_mode, sent.all_logits)
+                and (batch.kv is None) == (sent.kv is None)
+                and (batch.kv is None or (torch.equal(batch.kv.slot_mapping, sent.kv.slot_mapping)
+                                          and batch.kv.kv_lens == sent.kv.kv_lens)))
+        if not same:
+            raise AssertionError(f"{self.what}: the eager twin's loop built {batch.describe()}, the runner's loop "
+                                 f"sent {sent.describe()}")
+        return output
+
+
+def stateless_parts(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The model's modules other than its KV cache (``kv_cache``): an eager twin writes a cache of its own, which
+    the stepping suites compare with the runner's after every step."""
+    return [module for name, module in model.named_children() if name != "kv_cache"]
 
 
 def split_strategy(total: int, max_requests: int = MAX_REQUESTS) -> st.SearchStrategy[list[int]]:

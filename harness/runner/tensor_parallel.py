@@ -7,6 +7,7 @@ process to compare (``docs/runner.md``, Tensor parallelism)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -14,11 +15,13 @@ import torch
 
 from harness import impls
 from harness.batch import ForwardBatch, published_batch, select_bucket
+from harness.compare import bitwise_expected
 from harness.distributed.rank_pool import RankContext
 from harness.errors import BucketError
 from harness.graphs import eager_on_graph, get_backend
 from harness.models import build_model, packed_causal_attention
 from harness.models.tensor_parallel import shard_model
+from harness.oracle import Checker
 from harness.runner.cases import CONFIG, SEED, eager, eager_padded
 from harness.runner.runner import map_tensors
 
@@ -98,7 +101,8 @@ def expected_bucket(composition: Composition, world_size: int, buckets: tuple[in
 @dataclasses.dataclass
 class BatchResult:
     """One rank's run of one composition: the runner's output and the oracles (CPU tensors), and
-    what the runner's counters say it did."""
+    what the runner's counters say it did. The call itself was checked on its rank against eager on the shard at
+    the group's shapes (``eager_at_shapes``) by :class:`harness.oracle.Checker`, on everything a caller observes."""
 
     output: Any
     eager: Any
@@ -125,8 +129,18 @@ def rank_model(context: RankContext, setup: TPSetup) -> tuple[torch.nn.Module, t
         backend = get_backend(setup.graph_backend, device=context.device if context.device.type == "cuda" else None)
         capturer = impls.load("graphs", setup.graphs_spec).obj(backend)
         factory = impls.load("runner", setup.runner_spec).obj
-        context.state[key] = full, shard, factory(shard, buckets=setup.buckets, graphs=capturer)
+        # The construction must leave the shard as it was (harness.oracle).
+        runner = _checker(context, setup).construct(lambda: factory(shard, buckets=setup.buckets, graphs=capturer),
+                                                    modules=[shard])
+        context.state[key] = full, shard, runner
     return context.state[key]
+
+
+def _checker(context: RankContext, setup: TPSetup) -> Checker:
+    """This rank's checker of ``setup``'s runner calls (it keeps each call's results for the next call's check)."""
+    return context.state.setdefault(("tp-checker", setup), Checker(
+        "runner", context=lambda **details: {"rank": f"{context.rank} of {context.world_size}",
+                                             "setup": setup.describe(), **details}))
 
 
 def warm_up_before_fork() -> None:
@@ -142,24 +156,42 @@ def _forward_restored(runner: Any) -> bool:
     return layer is None or "forward" not in vars(layer)
 
 
-def run_compositions(context: RankContext, setup: TPSetup, compositions: list[Composition]) -> list[BatchResult]:
-    """Step: run each composition through the runner under test (``run``), then the oracles."""
+class _Kept:
+    """A zero-argument call that keeps its result (the checker's eager twin, whose result the test compares too)."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.fn, self.result = fn, None
+
+    def __call__(self) -> Any:
+        self.result = self.fn()
+        return self.result
+
+
+def run_compositions(context: RankContext, setup: TPSetup, compositions: list[Composition],
+                     mode: str | None = None) -> list[BatchResult]:
+    """Step: run each composition through the runner under test (``run``) under the caller's autograd ``mode``
+    (:data:`harness.oracle.CALLING_MODES`), checked against eager on the shard at the group's shapes (every rank
+    runs the checker's eager twin, whose collectives meet, then the runner), then the other oracles."""
     full, shard, runner = rank_model(context, setup)
+    exact = bitwise_expected(backend=setup.graph_backend, device=context.device, dtype=setup.torch_dtype)
     results = []
     for composition in compositions:
         batch = composition.batch(context.rank, context.device)
         unpadded = composition.batch(context.rank, context.device, arrived=False)
         before = dict(runner.stats.replays_by_bucket), runner.stats.eager_fallbacks
-        output = runner.run(batch)
+        bucket = expected_bucket(composition, context.world_size, setup.buckets)
+        rows = bucket if bucket is not None else expected_rows(composition, context.world_size)
+        eager_at_shapes = _Kept(functools.partial(eager_padded, shard, unpadded, rows))
+        output = _checker(context, setup).call(
+            functools.partial(runner.run, batch), eager_at_shapes, inputs=batch, modules=[shard], exact=exact,
+            mode=mode, batch=composition.describe(), comparison="against eager on the shard at the group's shapes")
         replays = {bucket: count - before[0].get(bucket, 0) for bucket, count in runner.stats.replays_by_bucket.items()
                    if count != before[0].get(bucket, 0)}
         fallbacks = runner.stats.eager_fallbacks - before[1]
         restored, published = _forward_restored(runner), published_batch() is not None
-        bucket = expected_bucket(composition, context.world_size, setup.buckets)
-        rows = bucket if bucket is not None else expected_rows(composition, context.world_size)
         results.append(BatchResult(
             output=_to_cpu(output), eager=_to_cpu(eager(shard, unpadded)),
-            eager_at_shapes=_to_cpu(eager_padded(shard, unpadded, rows)), unsharded=_to_cpu(eager(full, unpadded)),
+            eager_at_shapes=_to_cpu(eager_at_shapes.result), unsharded=_to_cpu(eager(full, unpadded)),
             replays_by_bucket=replays, eager_fallbacks=fallbacks, restored=restored, published=published))
     return results
 

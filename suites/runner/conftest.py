@@ -1,10 +1,11 @@
-"""Fixtures of the runner suites: the implementation under test, runners over the model zoo, the
-eager-equivalence assertion. Any runner given by ``--impl runner=module:attr`` runs these suites."""
+"""Fixtures of the runner suites: the implementation under test, runners over the model zoo, and the one way
+a test calls a runner (:func:`check_run`, through :mod:`harness.oracle`). Any runner given by ``--impl
+runner=module:attr`` runs these suites."""
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
@@ -12,16 +13,25 @@ import torch
 
 from harness.compare import assert_equivalent
 from harness.models import build_model
+from harness.oracle import Checker
+from harness.plugin.failures import failure_context as context_of
 from harness.runner import ForwardBatch, select_bucket
 from harness.runner.cases import BUCKETS, SEED, eager, eager_padded
 
 
 @pytest.fixture(scope="session")
-def build_runner(runner_factory: Callable[..., Any], graph_capturer: Any) -> Callable[..., Any]:
-    """``build_runner(model, buckets=..., strict_discovery=...)``: a fresh runner under test."""
+def build_runner(runner_factory: Callable[..., Any], graph_capturer: Any,
+                 request: pytest.FixtureRequest) -> Callable[..., Any]:
+    """``build_runner(model, buckets=..., strict_discovery=...)``: a fresh runner under test, built through
+    :meth:`harness.oracle.Checker.construct`: its construction must leave the model and the process as they
+    were (no parameter, buffer, hook, flag or ``forward`` changed; random state restored for the caller)."""
 
     def build(model: torch.nn.Module, *, buckets: tuple[int, ...] = BUCKETS, strict_discovery: bool = False) -> Any:
-        return runner_factory(model, buckets=buckets, graphs=graph_capturer, strict_discovery=strict_discovery)
+        __tracebackhide__ = True
+        checker = Checker("runner", context=lambda **details: context_of(request, **details))
+        return checker.construct(
+            lambda: runner_factory(model, buckets=buckets, graphs=graph_capturer, strict_discovery=strict_discovery),
+            modules=[model], model=type(model).__name__, buckets=list(buckets))
 
     return build
 
@@ -47,33 +57,64 @@ def zoo_runner(build_runner: Callable[..., Any], device: torch.device) -> Callab
 
 
 @pytest.fixture
-def assert_matches_eager(exact_comparison: Callable[[torch.dtype], bool],
-                         failure_context: Callable[..., dict]) -> Callable[..., None]:
-    """``assert_matches_eager(actual, model, batch, dtype=..., name=..., seed=..., replayed=True)``.
+def runner_checker(failure_context: Callable[..., dict]) -> Checker:
+    """This test's one :class:`harness.oracle.Checker`: it keeps each call's results to check that the next
+    call, whichever runner it goes to, leaves them alone."""
+    return Checker("runner", context=failure_context)
 
-    Two oracles, both eager runs of the same model: on the same batch, within the tolerance table
-    (the semantic check), and, where :func:`harness.compare.bitwise_expected`, bitwise against eager
-    at the replay's shapes (the batch padded to its smallest bucket of :data:`BUCKETS`). A batch
-    the runner should run eagerly (``replayed=False``) must be bitwise eager itself there.
-    Failures name the implementation, model, seed, request lengths, dtype, the element and a
-    reproduce command.
+
+@pytest.fixture
+def check_run(runner_checker: Checker, exact_comparison: Callable[[torch.dtype], bool],
+              failure_context: Callable[..., dict]) -> Callable[..., Any]:
+    """``check_run(runner, model, batch, via="run", mode=None, dtype=..., buckets=BUCKETS, replayed=None,
+    twin=None, modules=None, **details)``: call ``runner.run(batch)`` (or ``via="replay"``) under the
+    caller's autograd ``mode`` (:data:`harness.oracle.CALLING_MODES`) and return its result, checked (``via``
+    may also be a function of the batch that calls the runner, for a test that counts what a call does).
+
+    Two oracles, both eager runs of the same model, in one call:
+
+    * :class:`harness.oracle.Checker` runs eager on the same batch (:func:`harness.runner.cases.eager`) and then
+      the runner, and compares everything a caller can observe: values (within the tolerance table; bitwise
+      for a batch run eagerly where :func:`harness.compare.bitwise_expected`), each output's strides,
+      ``requires_grad``, ``is_inference``, ``grad_fn`` and aliasing, the process and ``model`` state left
+      behind (modes, gc, hooks, parameters, the layer's ``forward``), writes into the batch, the random
+      state, and whether the previous call's results survived this one;
+    * where :func:`harness.compare.bitwise_expected`, a replay must also equal eager bitwise at the replay's
+      shapes (the batch padded to the smallest of ``buckets`` holding its rows).
+
+    ``replayed`` (default: whether a bucket holds the batch's rows) says whether the runner should replay or
+    run eagerly; ``"either"`` where the contract lets it choose (then values are held to the tolerance table).
+    A model with state of its own (a KV cache) runs its eager twin on a copy: ``twin(batch)`` is then the oracle
+    (at the replay's shapes where bitwise, as :func:`harness.runner.cases.eager_forward` runs it) and
+    ``modules`` the runner's modules that eager leaves alone. Failures name the implementation, the batch, the
+    mode, ``details``, the element and a reproduce command.
     """
 
-    def check(actual: Any, model: torch.nn.Module, batch: ForwardBatch, *, dtype: torch.dtype, name: str,
-              seed: int, replayed: bool = True, **details: Any) -> None:
+    def call(runner: Any, model: torch.nn.Module, batch: ForwardBatch, /, *, via: str | Callable[..., Any] = "run",
+             mode: str | None = None, dtype: torch.dtype = torch.float32, buckets: tuple[int, ...] = BUCKETS,
+             replayed: bool | str | None = None, twin: Callable[[ForwardBatch], Any] | None = None,
+             modules: Sequence[torch.nn.Module] | None = None, **details: Any) -> Any:
         __tracebackhide__ = True
         bitwise = exact_comparison(dtype)
-        bucket = select_bucket(batch.num_tokens, BUCKETS) if replayed else None
+        rows = batch.num_tokens + batch.num_padding
+        either = replayed == "either"
+        replayed = rows <= max(buckets) if replayed is None else replayed
+        bucket = select_bucket(rows, buckets) if replayed and not either else None
+        given_twin = twin is not None
+        if twin is None:  # a batch arriving padded: eager on it as it arrived, per-token outputs cut to its real tokens
+            twin = (lambda b: eager(model, b)) if not batch.num_padding else (lambda b: eager_padded(model, b, rows))
+        call_runner = via if callable(via) else getattr(runner, via)
+        shown = {"dtype": str(dtype), "batch": batch.describe(), "via": getattr(via, "__name__", via), **details}
+        actual = runner_checker.call(
+            lambda: call_runner(batch), lambda: twin(batch), inputs=batch,
+            modules=[model] if modules is None else modules,
+            exact=bitwise and not either and (given_twin or bucket is None),
+            mode=mode, **shown,
+            comparison="against the eager twin" if given_twin else "against eager on the same batch")
+        if bitwise and bucket is not None and not given_twin:
+            assert_equivalent(actual, eager_padded(model, batch, bucket), exact=True, context=failure_context(
+                **shown, **({"mode": mode} if mode else {}),
+                comparison=f"bitwise against eager on the batch padded to bucket {bucket}"))
+        return actual
 
-        def context(comparison: str) -> dict:
-            return failure_context(model=name, seed=seed, dtype=str(dtype), batch=batch.describe(),
-                                   comparison=comparison, **details)
-
-        expected = eager(model, batch)
-        assert_equivalent(actual, expected, exact=bitwise and bucket is None,
-                          context=context("against eager on the same batch"))
-        if bitwise and bucket is not None:
-            assert_equivalent(actual, eager_padded(model, batch, bucket), exact=True,
-                              context=context(f"bitwise against eager on the batch padded to bucket {bucket}"))
-
-    return check
+    return call

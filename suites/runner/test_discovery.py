@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from harness.errors import DiscoveryError, HarnessError
 from harness.models import build_model
+from harness.oracle import CALLING_MODES
 from harness.runner.cases import MAX_TOKENS, SEED, make_batch, split_strategy
 
 # The oracle, written out by hand from each layout's construction under the harness's rule:
@@ -83,22 +84,21 @@ def test_discovery_goldens(build_runner, device, snapshot):
 
 
 @pytest.mark.parametrize("name", FALLBACKS)
-@given(length=st.integers(1, MAX_TOKENS), seed=st.integers(0, 2**16))
-def test_fell_back_model_replays_single_requests(zoo_runner, assert_matches_eager, device, name, length, seed):
+@given(length=st.integers(1, MAX_TOKENS), seed=st.integers(0, 2**16), calling=st.sampled_from(CALLING_MODES))
+def test_fell_back_model_replays_single_requests(zoo_runner, check_run, device, name, length, seed, calling):
     model, runner = zoo_runner(name)
     batch = make_batch(name, [length], seed=seed, dtype=torch.float32, device=device)
     assert runner.can_run(batch), f"{name}: a single request of {length} tokens should replay"
     replays = runner.stats.replays
-    actual = runner.run(batch)
+    check_run(runner, model, batch, mode=calling, model=name, seed=seed)
     assert runner.stats.replays == replays + 1
-    assert_matches_eager(actual, model, batch, dtype=torch.float32, name=name, seed=seed)
 
 
 @pytest.mark.parametrize("name", FALLBACKS)
 @given(data=st.data(), total=st.integers(2, MAX_TOKENS), seed=st.integers(0, 2**16),
-       mode=st.sampled_from(["none", "full"]))
-def test_fell_back_model_runs_several_requests_eagerly(zoo_runner, assert_matches_eager, device, name, data, total,
-                                                       seed, mode):
+       mode=st.sampled_from(["none", "full"]), calling=st.sampled_from(CALLING_MODES))
+def test_fell_back_model_runs_several_requests_eagerly(zoo_runner, check_run, device, name, data, total, seed, mode,
+                                                       calling):
     model, runner = zoo_runner(name)
     lengths = data.draw(split_strategy(total).filter(lambda split: len(split) > 1), label="lengths")
     batch = make_batch(name, lengths, seed=seed, dtype=torch.float32, device=device, hidden_mode=mode)
@@ -107,15 +107,14 @@ def test_fell_back_model_runs_several_requests_eagerly(zoo_runner, assert_matche
     with pytest.raises(HarnessError):
         runner.replay(batch)
     fallbacks = runner.stats.eager_fallbacks
-    actual = runner.run(batch)
+    check_run(runner, model, batch, mode=calling, replayed=False, model=name, seed=seed)
     assert runner.stats.eager_fallbacks == fallbacks + 1, "the eager fallback was not counted"
-    assert_matches_eager(actual, model, batch, dtype=torch.float32, name=name, replayed=False, seed=seed)
 
 
 @pytest.mark.parametrize("name", FALLBACKS)
 @pytest.mark.parametrize(("mode", "all_logits"), [("last", False), ("full", False), ("none", True)])
-def test_fell_back_model_runs_other_outputs_of_one_request_eagerly(zoo_runner, assert_matches_eager, device, name,
-                                                                   mode, all_logits):
+def test_fell_back_model_runs_other_outputs_of_one_request_eagerly(zoo_runner, check_run, device, name, mode,
+                                                                   all_logits):
     """A fell-back graph froze the capture batch's outputs (hidden mode none, last-token logits): a single
     request asking for other outputs must run eagerly too, not only batches of several requests."""
     model, runner = zoo_runner(name)
@@ -123,6 +122,5 @@ def test_fell_back_model_runs_other_outputs_of_one_request_eagerly(zoo_runner, a
     assert not runner.can_run(batch), (
         f"{name}: the fell-back graph froze hidden mode none and last-token logits; {batch.describe()} must not replay")
     fallbacks = runner.stats.eager_fallbacks
-    actual = runner.run(batch)
+    check_run(runner, model, batch, replayed=False, model=name, seed=3)
     assert runner.stats.eager_fallbacks == fallbacks + 1, "the eager fallback was not counted"
-    assert_matches_eager(actual, model, batch, dtype=torch.float32, name=name, replayed=False, seed=3)

@@ -25,11 +25,10 @@ def test_capture_plan(zoo_runner, snapshot, name):
 
 
 @pytest.mark.parametrize("name", ["dense", "moe", "side-input"])
-def test_output_digest(zoo_runner, assert_matches_eager, snapshot, device, name):
+def test_output_digest(zoo_runner, check_run, snapshot, device, name):
     model, runner = zoo_runner(name)
     batch = make_batch(name, [3, 6, 1], seed=99, dtype=torch.float32, device=device, hidden_mode="full")
-    output = runner.run(batch)
+    output = check_run(runner, model, batch, model=name, seed=99)
     # The golden pins the zoo's numbers (weights from the seed, the layer math); the runner must match
-    # both the golden (within the float32 tolerance) and eager.
+    # both the golden (within the float32 tolerance) and eager (check_run).
     assert output == snapshot
-    assert_matches_eager(output, model, batch, dtype=torch.float32, name=name, seed=99)

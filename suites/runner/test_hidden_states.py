@@ -1,5 +1,5 @@
 """Hidden-state modes: none returns no hidden states (and allocates none), last and full equal the
-eager selection."""
+eager selection (every call through ``check_run``)."""
 
 from __future__ import annotations
 
@@ -24,10 +24,10 @@ def _tensors(value):
 @pytest.mark.parametrize("name", ["dense", "moe"])
 @pytest.mark.parametrize("mode", ["none", "last", "full"])
 @pytest.mark.parametrize("lengths", LENGTHS, ids=str)
-def test_hidden_state_mode(zoo_runner, assert_matches_eager, device, name, mode, lengths):
+def test_hidden_state_mode(zoo_runner, check_run, device, name, mode, lengths):
     model, runner = zoo_runner(name)
     batch = make_batch(name, lengths, seed=len(lengths), dtype=torch.float32, device=device, hidden_mode=mode)
-    actual = runner.run(batch)
+    actual = check_run(runner, model, batch, model=name, seed=len(lengths), hidden_mode=mode)
     expected_rows = {"none": None, "last": len(lengths), "full": sum(lengths)}[mode]
     if expected_rows is None:
         assert actual.hidden_states is None, f"mode none returned hidden states {tuple(actual.hidden_states.shape)}"
@@ -35,4 +35,3 @@ def test_hidden_state_mode(zoo_runner, assert_matches_eager, device, name, mode,
         assert not hidden_sized, f"mode none still handed out hidden-state tensors of shapes {hidden_sized}"
     else:
         assert tuple(actual.hidden_states.shape) == (expected_rows, CONFIG.hidden_size)
-    assert_matches_eager(actual, model, batch, dtype=torch.float32, name=name, seed=len(lengths), mode=mode)

@@ -12,12 +12,13 @@
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import pytest
 import torch
 
-from harness.compare import assert_equivalent
 from harness.models import build_model
+from harness.runner import ForwardBatch
 from harness.runner.cases import BUCKETS, SEED, eager, make_batch
 from harness.runner.discovery import layer_list
 from harness.runner.divergence import localise
@@ -62,35 +63,42 @@ def _hooked_model(device: torch.device):
     return model, python_calls, device_calls
 
 
-def test_hooks_on_the_stack_and_its_layers_run_once_per_replay_as_eagerly(build_runner, device,
+def test_hooks_on_the_stack_and_its_layers_run_once_per_replay_as_eagerly(build_runner, check_run, device,
                                                                           failure_context):
     model, python_calls, device_calls = _hooked_model(device)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         runner = build_runner(model)
+    once = {"stack pre-hook": 1, "stack hook": 1}
+    seen: dict[str, Any] = {}
     for replay, lengths in enumerate([(3, 5), (1,), (7, 2, 6)]):
         batch = make_batch("dense", list(lengths), seed=40 + replay, dtype=torch.float32, device=device)
         context = failure_context(replay=replay, batch=batch.describe())
         counts, on_device = dict(python_calls), device_calls.clone()
-        expected = eager(model, batch)
+        eager(model, batch)
         eager_python = {name: python_calls[name] - counts[name] for name in counts}
-        eager_device = device_calls - on_device
-        assert eager_python == {"stack pre-hook": 1, "stack hook": 1} and bool((eager_device == 1).all()), (
+        assert eager_python == once and bool((device_calls - on_device == 1).all()), (
             "the eager oracle itself did not run each hook once")
-        counts, on_device = dict(python_calls), device_calls.clone()
-        actual = runner.replay(batch)
-        replay_python = {name: python_calls[name] - counts[name] for name in counts}
-        replay_device = (device_calls - on_device).tolist()
-        assert replay_python == eager_python, (
-            f"hooks on the layer module ran {replay_python} times in one replay, eagerly {eager_python}: {context}")
-        assert replay_device == eager_device.tolist(), (
-            f"per replay the hooks' device work ran {replay_device} times (stack pre, stack post, then each layer's "
-            f"pre and post), eagerly {eager_device.tolist()}: {context}")
-        assert_equivalent(actual, expected, exact=False, context={**context, "checking": "logits with the hooks' "
-                                                                                         "changes"})
+        seen.clear()
+
+        def measured_replay(batch: ForwardBatch) -> Any:  # what the hooks did inside the runner's call only
+            counts, on_device = dict(python_calls), device_calls.clone()
+            try:
+                return runner.replay(batch)
+            finally:
+                seen["python"] = {name: python_calls[name] - counts[name] for name in counts}
+                seen["device"] = (device_calls - on_device).tolist()
+
+        # The hooks change the layers' outputs, so running one twice or never changes the values too.
+        check_run(runner, model, batch, via=measured_replay, model="dense with hooks", replay=replay)
+        assert seen["python"] == once, (
+            f"hooks on the layer module ran {seen['python']} times in one replay, eagerly {once}: {context}")
+        assert seen["device"] == [1.0] * len(device_calls), (
+            f"per replay the hooks' device work ran {seen['device']} times (stack pre, stack post, then each layer's "
+            f"pre and post), eagerly once each: {context}")
 
 
-def test_every_bucket_records_and_localises_each_decoder_layer(zoo_runner, device, failure_context):
+def test_every_bucket_records_and_localises_each_decoder_layer(zoo_runner, check_run, device, failure_context):
     model, runner = zoo_runner("dense")
     if not hasattr(runner, "layer_outputs"):
         pytest.skip("the runner under test records no per-layer outputs (optional: it only localises failures)")
@@ -98,6 +106,7 @@ def test_every_bucket_records_and_localises_each_decoder_layer(zoo_runner, devic
     for bucket in BUCKETS:
         batch = make_batch("dense", [bucket - 1, 1], seed=50 + bucket, dtype=torch.float32, device=device)
         assert runner.bucket_for(batch.num_tokens) == bucket
+        check_run(runner, model, batch, via="replay", model="dense", seed=50 + bucket)
         report = localise(runner, model, batch)
         recorded = runner.layer_outputs(batch)
         context = failure_context(bucket=bucket, batch=batch.describe())

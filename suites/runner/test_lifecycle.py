@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.compare import assert_equivalent
 from harness.errors import BucketError, ReplayError
 from harness.models import build_model
-from harness.runner.cases import BUCKETS, SEED, eager_padded, make_batch
+from harness.oracle import CALLING_MODES, calling_mode
+from harness.runner.cases import BUCKETS, SEED, make_batch
 
 
 class _Abort(BaseException):
@@ -27,31 +27,34 @@ def _batch(device, lengths=(3, 5), seed=11, mode="full"):
     return make_batch("dense", list(lengths), seed=seed, dtype=torch.float32, device=device, hidden_mode=mode)
 
 
-def test_forward_restored_after_success(zoo_runner, device):
+def test_forward_restored_after_success(zoo_runner, check_run, device):
     model, runner = zoo_runner("dense")
-    runner.run(_batch(device))
+    check_run(runner, model, _batch(device), model="dense", seed=11)
     _assert_forward_restored(runner.discovery.module, "after a successful replay")
 
 
 @pytest.mark.parametrize("error", [RuntimeError("logits processor failed"), _Abort()],
                          ids=["Exception", "BaseException"])
-def test_forward_restored_after_an_error_and_runner_still_usable(zoo_runner, assert_matches_eager, device, monkeypatch,
-                                                                 error):
+def test_forward_restored_after_an_error_and_runner_still_usable(zoo_runner, check_run, runner_checker, device,
+                                                                 monkeypatch, error):
     model, runner = zoo_runner("dense")
 
     def failing(*args, **kwargs):
         raise error
 
-    with monkeypatch.context() as patch:
-        patch.setattr(model.logits_processor, "forward", failing)
+    def raising_run():
         with pytest.raises(type(error)):
             runner.run(_batch(device))
+
+    with monkeypatch.context() as patch:
+        patch.setattr(model.logits_processor, "forward", failing)
+        # it leaves the process and the model as it found them, as eager raising from the same place would
+        runner_checker.construct(raising_run, modules=[model], what=f"run raising {type(error).__name__}")
     _assert_forward_restored(runner.discovery.module, f"after {type(error).__name__} in the outer forward")
-    batch = _batch(device, seed=12)
-    assert_matches_eager(runner.run(batch), model, batch, dtype=torch.float32, name="dense", seed=12)
+    check_run(runner, model, _batch(device, seed=12), model="dense", seed=12)
 
 
-def test_replay_inside_a_replay_raises(zoo_runner, assert_matches_eager, device, monkeypatch):
+def test_replay_inside_a_replay_raises(zoo_runner, check_run, runner_checker, device, monkeypatch):
     model, runner = zoo_runner("dense")
     original = model.logits_processor.forward
     inner = _batch(device, lengths=(2,), seed=13)
@@ -60,44 +63,55 @@ def test_replay_inside_a_replay_raises(zoo_runner, assert_matches_eager, device,
         runner.run(inner)
         return original(hidden, batch)
 
-    with monkeypatch.context() as patch:
-        patch.setattr(model.logits_processor, "forward", nested)
+    def refused_run():
         with pytest.raises(ReplayError):
             runner.run(_batch(device))
+
+    with monkeypatch.context() as patch:
+        patch.setattr(model.logits_processor, "forward", nested)
+        runner_checker.construct(refused_run, modules=[model], what="run refusing a run nested inside it")
     _assert_forward_restored(runner.discovery.module, "after a nested replay was refused")
-    assert_matches_eager(runner.run(inner), model, inner, dtype=torch.float32, name="dense", seed=13)
+    check_run(runner, model, inner, model="dense", seed=13)
 
 
-def test_replay_skips_the_layer_forward_and_runs_the_logits_processor_once(zoo_runner, device, monkeypatch):
+def test_replay_skips_the_layer_forward_and_runs_the_logits_processor_once(zoo_runner, check_run, device, monkeypatch):
     model, runner = zoo_runner("dense")
     layer = runner.discovery.module
-    calls = {"layer": 0, "logits": 0}
+    calls = {"layer": 0, "logits": 0, "counting": False}
     real_layer_forward, real_logits = type(layer).forward, model.logits_processor.forward
 
     def spy_layer(self, *args, **kwargs):
-        calls["layer"] += 1
+        calls["layer"] += calls["counting"]
         return real_layer_forward(self, *args, **kwargs)
 
     def spy_logits(*args, **kwargs):
-        calls["logits"] += 1
+        calls["logits"] += calls["counting"]
         return real_logits(*args, **kwargs)
 
     monkeypatch.setattr(type(layer), "forward", spy_layer)
     monkeypatch.setattr(model.logits_processor, "forward", spy_logits)
+    def counted_run(batch):  # the spies count inside the runner's call only, not in the eager oracles around it
+        calls["counting"] = True
+        try:
+            return runner.run(batch)
+        finally:
+            calls["counting"] = False
+
     replays = runner.stats.replays
-    runner.run(_batch(device, lengths=(4, 1, 2)))
+    check_run(runner, model, _batch(device, lengths=(4, 1, 2)), via=counted_run, model="dense", seed=11)
     assert runner.stats.replays == replays + 1, "the batch did not replay"
+    del calls["counting"]
     assert calls == {"layer": 0, "logits": 1}, f"at replay: {calls} (the real layer forward must not run; logits once)"
 
 
-def test_outputs_survive_the_next_replay(zoo_runner, assert_matches_eager, device):
+def test_outputs_survive_the_next_replay(zoo_runner, check_run, device):
+    # The checker keeps the first call's results and checks the second call (same bucket: its graph writes the
+    # same static buffers) leaves them alone.
     model, runner = zoo_runner("dense")
-    first, second = (make_batch("dense", lengths, seed=seed, dtype=torch.float32, device=device, hidden_mode="full",
-                                all_logits=True) for lengths, seed in (([3, 4], 21), ([6, 1], 22)))
-    kept = runner.run(first)
-    runner.run(second)  # same bucket: its graph writes the same static buffers
-    assert_matches_eager(kept, model, first, dtype=torch.float32, name="dense", seed=21,
-                         note="output of the first batch, read after a second replay of the same bucket")
+    for lengths, seed in (([3, 4], 21), ([6, 1], 22)):
+        batch = make_batch("dense", lengths, seed=seed, dtype=torch.float32, device=device, hidden_mode="full",
+                           all_logits=True)
+        check_run(runner, model, batch, model="dense", seed=seed)
 
 
 def test_a_batch_no_bucket_holds_is_refused(build_runner, device):
@@ -122,44 +136,30 @@ def test_counters_start_from_the_capture(zoo_runner):
     assert runner.stats.captures == len(BUCKETS)
 
 
-def test_a_batch_arriving_padded_between_buckets_replays_in_the_bucket_holding_its_rows(zoo_runner, exact_comparison,
-                                                                                        failure_context, device):
+def test_a_batch_arriving_padded_between_buckets_replays_in_the_bucket_holding_its_rows(zoo_runner, check_run, device):
     # 3 real tokens padded to 5 rows: bucket 4 holds the tokens but not the rows; bucket 8 holds both.
     model, runner = zoo_runner("dense")
     batch = _batch(device, lengths=(1, 2), seed=31).padded_to(5)
     assert runner.can_run(batch), "a pre-padded batch whose rows fit bucket 8 must be runnable"
     before = runner.stats.replays_by_bucket.get(8, 0)
-    actual = runner.run(batch)
+    # The oracles: eager on the batch as it arrived, and eager at the replay's shapes (bucket 8, from the batch's
+    # own 5 rows), both cut to the real tokens.
+    actual = check_run(runner, model, batch, model="dense", seed=31)
     assert runner.stats.replays_by_bucket.get(8, 0) == before + 1, (
         f"{batch.describe()} should replay bucket 8: {runner.stats.replays_by_bucket}")
     assert actual.hidden_states.shape[0] == 3, "per-token outputs are cut to the real tokens, not the rows"
-    # The oracle: eager at the replay's shapes (bucket 8, from the batch's own 5 rows), cut to the real tokens.
-    assert_equivalent(actual, eager_padded(model, batch, 8), exact=exact_comparison(torch.float32),
-                      context=failure_context(model="dense", seed=31, batch=batch.describe()))
 
 
-MODES = {"grad": torch.enable_grad, "no_grad": torch.no_grad, "inference": torch.inference_mode}
-
-
-@pytest.mark.parametrize("built_in", list(MODES))
-def test_the_callers_inference_mode_at_construction_and_at_every_call(build_runner, exact_comparison,
-                                                                      failure_context, device, built_in):
+@pytest.mark.parametrize("built_in", CALLING_MODES)
+def test_the_callers_inference_mode_at_construction_and_at_every_call(build_runner, check_run, device, built_in):
     """Engines build runners and serve under ``torch.inference_mode()`` or ``no_grad``, not always the same: a
-    runner built in one works in each. Outputs equal eager and carry no autograd history; a caller outside
-    inference mode gets normal tensors, which it may update in place (samplers scale logits in place)."""
-    model = build_model("dense", seed=SEED, device=device)
-    with MODES[built_in]():
+    runner built in one works in each. Outputs are eager's under the caller's mode (the checker compares their
+    autograd history and inference flag with eager's): a caller outside inference mode gets normal tensors,
+    which it may update in place (samplers scale logits in place)."""
+    model = build_model("dense", seed=SEED, device=device, requires_grad=True)
+    with calling_mode(built_in):
         runner = build_runner(model, buckets=(4, 8))
-    for call_in, mode in MODES.items():
-        for lengths, replayed in (((3, 5), True), ((6, 4), False)):  # bucket 8, and past the largest bucket
+    for call_in in CALLING_MODES:
+        for lengths in ((3, 5), (6, 4)):  # bucket 8, and past the largest bucket
             batch = _batch(device, lengths=lengths, seed=len(call_in))
-            what = f"built under {built_in}, called under {call_in}: {batch.describe()}"
-            with mode():
-                output = runner.run(batch)
-            outputs = [output.next_token_logits, output.hidden_states]
-            assert not any(t.requires_grad or t.grad_fn is not None for t in outputs), f"{what}: autograd history"
-            if call_in != "inference":
-                assert not any(t.is_inference() for t in outputs), f"{what}: inference tensors handed out"
-            expected = eager_padded(model, batch, 8) if replayed else eager_padded(model, batch, batch.num_tokens)
-            assert_equivalent(output, expected, exact=exact_comparison(torch.float32),
-                              context=failure_context(model="dense", call=what, replayed=replayed))
+            check_run(runner, model, batch, mode=call_in, buckets=(4, 8), model="dense", built_in=built_in)

@@ -1,20 +1,22 @@
 """The runner's life between and around calls, as a hypothesis state machine.
 
 Rules, in any order: batches through ``run`` and ``replay`` (every bucket, exact fills, past the
-largest bucket, arriving pre-padded, one or many requests, every hidden mode, ``all_logits``), in
-both grad modes; Exception, BaseException and KeyboardInterrupt raised from the outer forward and
-from an eager break; ``run``/``replay`` called from inside a replay (from the attention break), at
-the outer bucket's size too; a second instance of the model class running eagerly inside a replay;
-between calls, an instance-level ``forward`` wrapper installed on the layer module or taken off it (as
-profilers and adapters do), and the weights updated in place (an RL weight sync, a LoRA swap). Each
-machine starts from a model whose layer module may already carry such a wrapper and a forward hook.
-Machines: a model whose discovery finds the stack, and one whose discovery fell back (its graph is the
-whole model).
+largest bucket, arriving pre-padded, one or many requests, every hidden mode, ``all_logits``), under
+every calling mode (grad, no_grad, inference_mode); Exception, BaseException and KeyboardInterrupt
+raised from the outer forward and from an eager break; ``run``/``replay`` called from inside a replay
+(from the attention break), at the outer bucket's size too; a second instance of the model class
+running eagerly inside a replay; between calls, an instance-level ``forward`` wrapper installed on the
+layer module or taken off it (as profilers and adapters do), and the weights updated in place (an RL
+weight sync, a LoRA swap). Each machine starts from a model whose layer module may already carry such
+a wrapper and a forward hook. Machines: a model whose discovery finds the stack, and one whose
+discovery fell back (its graph is the whole model).
 
-After every step: every output ever handed out still equals its eager value (each call's with the
-weights of its time); the layer module's instance and class ``__dict__`` are exactly what the user last
-left there (before the runner existed, or after their latest wrapper change); no forward
-context is published; no output has a ``grad_fn``; the counters add up; the runner still replays.
+Every call goes through ``check_run`` (harness.oracle): it equals eager on everything a caller can observe,
+values, output metadata (no ``grad_fn``), process and model state left behind; a call that raises leaves the
+process and the model as it found them. After every step: every output ever handed out keeps the value it was
+handed out with (eager's, with the weights of its time); the layer module's instance and class ``__dict__`` are
+exactly what the user last left there (before the runner existed, or after their latest wrapper change); no
+forward context is published; the counters add up; the runner still replays.
 """
 
 from __future__ import annotations
@@ -35,8 +37,9 @@ from harness.compare import assert_equivalent
 from harness.errors import BucketError, HarnessError, ReplayError
 from harness.graphs import eager_on_graph
 from harness.models import build_model, packed_causal_attention
+from harness.oracle import CALLING_MODES, Checker, calling_mode
 from harness.runner import ForwardBatch, select_bucket
-from harness.runner.cases import SEED, eager, eager_padded, make_batch, split_strategy
+from harness.runner.cases import SEED, eager, make_batch, split_strategy
 
 BUCKETS = (2, 4, 8)  # small buckets: every example captures all of them, twice per machine kind
 MAX = BUCKETS[-1]
@@ -44,6 +47,7 @@ MAX = BUCKETS[-1]
 # of odd-unnamed-layers, so the fell-back model's graph is the whole CausalLM, logits processor and
 # the batch's Python-level choices included.
 MACHINES = {"normal": ("dense", "model", False), "fell-back": ("odd-unnamed-layers", "", True)}
+CALLING = st.sampled_from(CALLING_MODES)
 EXCEPTIONS = {"Exception": RuntimeError, "BaseException": type("Abort", (BaseException,), {}),
               "KeyboardInterrupt": KeyboardInterrupt}
 
@@ -132,16 +136,6 @@ def _same_dict(now: dict[str, Any], before: dict[str, Any], what: str) -> None:
         f"added {added}, removed {removed}, replaced {changed}")
 
 
-def _tensors(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if dataclasses.is_dataclass(value):
-        return [t for f in dataclasses.fields(value) for t in _tensors(getattr(value, f.name))]
-    if isinstance(value, (tuple, list)):
-        return [t for item in value for t in _tensors(item)]
-    return []
-
-
 def _clone(value: Any) -> Any:
     if dataclasses.is_dataclass(value):
         return dataclasses.replace(value, **{f.name: _clone(getattr(value, f.name)) for f in dataclasses.fields(value)})
@@ -154,8 +148,9 @@ def _lengths(max_tokens: int = MAX + 3) -> st.SearchStrategy[list[int]]:
     return totals.flatmap(lambda total: split_strategy(total, max_requests=6))
 
 
-def _machine(kind: str, subjects: Callable[[bool, bool], _Subject], device: torch.device, bitwise: bool,
-             context: Callable[..., dict]) -> type[RuleBasedStateMachine]:
+def _machine(kind: str, subjects: Callable[[bool, bool], _Subject], device: torch.device,
+             check_run: Callable[..., Any], checker: Checker, context: Callable[..., dict]
+             ) -> type[RuleBasedStateMachine]:
     name, _, fell_back = MACHINES[kind]
 
     class RunnerLifecycle(RuleBasedStateMachine):
@@ -187,15 +182,8 @@ def _machine(kind: str, subjects: Callable[[bool, bool], _Subject], device: torc
             dummy_like = batch.num_requests == 1 and str(batch.hidden_mode) == "none" and not batch.all_logits
             return rows <= MAX and (dummy_like or not fell_back)
 
-        def _expected(self, batch: ForwardBatch) -> Any:
-            """Eager at the shapes the runner runs at: the bucket when it replays, else the batch's own;
-            per-token outputs cut to the real tokens."""
-            rows = batch.num_tokens + batch.num_padding
-            bucket = select_bucket(rows, BUCKETS) if self._replayable(batch) else rows
-            return eager_padded(self.model, batch, bucket)
-
-        def _describe(self, batch: ForwardBatch, via: str, grad: bool) -> str:
-            return f"{via}({batch.describe()}) with grad {'on' if grad else 'off'}"
+        def _describe(self, batch: ForwardBatch, via: str, calling: str | None) -> str:
+            return f"{via}({batch.describe()})" + (f" under {calling}" if calling else "")
 
         def _call(self, via: str, batch: ForwardBatch, *, in_break: Callable[[], None] | None = None) -> Any:
             """``runner.run`` or ``runner.replay`` on ``batch``; ``in_break`` runs inside its first break."""
@@ -205,33 +193,39 @@ def _machine(kind: str, subjects: Callable[[bool, bool], _Subject], device: torc
             finally:
                 self.subject.hooks.in_break = None
 
-        def _keep(self, output: Any, batch: ForwardBatch, what: str) -> None:
-            grads = [tuple(t.shape) for t in _tensors(output) if t.grad_fn is not None or t.requires_grad]
-            assert not grads, f"{what}: outputs of shapes {grads} carry autograd history"
-            self.kept.append((output, _clone(self._expected(batch)), what))
-            assert_equivalent(output, self.kept[-1][1], exact=bitwise,
-                              context=context(machine=kind, call=what, model=name, comparison="eager at replay shapes"))
+        def _checked(self, via: str, batch: ForwardBatch, what: str, *, calling: str | None = None,
+                     in_break: Callable[[], None] | None = None) -> Any:
+            """``_call`` through ``check_run``: eager first (without the step's action in its break), then the
+            runner, compared on everything a caller sees; the output is kept for the invariants."""
+
+            def call(batch: ForwardBatch) -> Any:
+                return self._call(via, batch, in_break=in_break)
+
+            call.__name__ = via
+            output = check_run(self.runner, self.model, batch, via=call, mode=calling, buckets=BUCKETS,
+                               replayed=self._replayable(batch), machine=kind, call=what, model=name)
+            self.kept.append((output, _clone(output), what))
+            return output
 
         # -- rules ----------------------------------------------------------------------------
 
         @rule(lengths=_lengths(), mode=st.sampled_from(["none", "last", "full"]), all_logits=st.booleans(),
-              pad=st.integers(0, 3), via=st.sampled_from(["run", "replay"]), grad=st.booleans())
-        def call(self, lengths: list[int], mode: str, all_logits: bool, pad: int, via: str, grad: bool) -> None:
+              pad=st.integers(0, 3), via=st.sampled_from(["run", "replay"]), calling=CALLING)
+        def call(self, lengths: list[int], mode: str, all_logits: bool, pad: int, via: str, calling: str) -> None:
             batch = self._batch(lengths, mode, all_logits, pad)
-            what = self._describe(batch, via, grad)
+            what = self._describe(batch, via, calling)
             replayable = self._replayable(batch)
             assert self.runner.can_run(batch) == replayable, f"can_run is {not replayable} for {what}"
-            with torch.set_grad_enabled(grad):
-                if via == "replay" and not replayable:
-                    with pytest.raises(BucketError if batch.num_tokens + batch.num_padding > MAX else HarnessError):
-                        self._call(via, batch)
-                    return
-                output = self._call(via, batch)
+            if via == "replay" and not replayable:
+                with calling_mode(calling), \
+                        pytest.raises(BucketError if batch.num_tokens + batch.num_padding > MAX else HarnessError):
+                    self._call(via, batch)
+                return
+            self._checked(via, batch, what, calling=calling)
             if replayable:
                 self.expected_replays += 1
             else:
                 self.expected_fallbacks += 1
-            self._keep(output, batch, what)
 
         @rule(lengths=_lengths(MAX), where=st.sampled_from(["outer forward", "eager break"]),
               error=st.sampled_from(sorted(EXCEPTIONS)), via=st.sampled_from(["run", "replay"]))
@@ -243,19 +237,27 @@ def _machine(kind: str, subjects: Callable[[bool, bool], _Subject], device: torc
                 raise exception(f"raised from the {where}")
 
             hooks = self.subject.hooks
-            if where == "outer forward":
-                hooks.after_forward = fail
-            try:
-                with pytest.raises(exception):
-                    self._call(via, batch, in_break=fail if where != "outer forward" else None)
-            finally:
-                hooks.after_forward = None
+
+            def raising_call() -> None:
+                if where == "outer forward":
+                    hooks.after_forward = fail
+                try:
+                    with pytest.raises(exception):
+                        self._call(via, batch, in_break=fail if where != "outer forward" else None)
+                finally:
+                    hooks.after_forward = None
+
+            # A call that raises leaves the process and the model as eager raising from the same place would: as
+            # it found them.
+            checker.construct(raising_call, modules=[self.model], what=f"{via} raising {error} from the {where}",
+                              machine=kind, batch=batch.describe())
             self.unsure += 1
             self.disturbed = True
 
         @rule(outer=_lengths(MAX), outer_via=st.sampled_from(["run", "replay"]),
-              attempts=st.permutations([(via, size) for via in ("run", "replay") for size in ("same bucket", "other")]))
-        def nested_call(self, outer: list[int], outer_via: str, attempts: list[tuple[str, str]]) -> None:
+              attempts=st.permutations([(via, size) for via in ("run", "replay") for size in ("same bucket", "other")]),
+              calling=CALLING)
+        def nested_call(self, outer: list[int], outer_via: str, attempts: list[tuple[str, str]], calling: str) -> None:
             # Every kind of nested call in each such step (run and replay, at the outer bucket's size and at
             # another), in a drawn order: the clause is checked whole however often the rule is drawn.
             outer_batch = self._batch(outer if not fell_back else [sum(outer)], "none", False, 0)
@@ -274,18 +276,19 @@ def _machine(kind: str, subjects: Callable[[bool, bool], _Subject], device: torc
                     else:
                         seen.append((what, None))
 
-            output = self._call(outer_via, outer_batch, in_break=nested)
-            what = f"{outer_via} of {outer_batch.describe()} with {[w for w, _ in seen]} nested inside, in that order"
+            what = (f"{outer_via} of {outer_batch.describe()} with {[f'{v} at {s}' for v, s in attempts]} nested "
+                    "inside, in that order")
+            self._checked(outer_via, outer_batch, what, calling=calling, in_break=nested)
             wrong = [(inner_what, error) for inner_what, error in seen if not isinstance(error, ReplayError)]
             assert len(seen) == len(attempts) and not wrong, (
                 f"{what}: every nested call must raise ReplayError (the outer replay's forward is patched and its "
                 f"static buffers are in use); these did not: {wrong}")
             self.expected_replays += 1
             self.disturbed = True
-            self._keep(output, outer_batch, what)
 
-        @rule(lengths=_lengths(MAX), twin_lengths=_lengths(MAX), via=st.sampled_from(["run", "replay"]))
-        def twin_runs_during_replay(self, lengths: list[int], twin_lengths: list[int], via: str) -> None:
+        @rule(lengths=_lengths(MAX), twin_lengths=_lengths(MAX), via=st.sampled_from(["run", "replay"]),
+              calling=CALLING)
+        def twin_runs_during_replay(self, lengths: list[int], twin_lengths: list[int], via: str, calling: str) -> None:
             batch = self._batch(lengths if not fell_back else [sum(lengths)], "none", False, 0)
             twin_batch = self._batch(twin_lengths, "full", True, 0)
             twin = self.subject.twin
@@ -298,14 +301,13 @@ def _machine(kind: str, subjects: Callable[[bool, bool], _Subject], device: torc
                 except Exception as error:  # noqa: BLE001 - judged below
                     seen.append(error)
 
-            output = self._call(via, batch, in_break=run_twin)
             what = f"{via} of {batch.describe()} while a second {type(twin).__name__} ran {twin_batch.describe()}"
+            self._checked(via, batch, what, calling=calling, in_break=run_twin)
             assert len(seen) == 1 and not isinstance(seen[0], Exception), f"{what}: the second instance raised {seen}"
             assert_equivalent(seen[0], expected, exact=True,
                               context=context(machine=kind, call=what, comparison="second instance, eager, inside a "
                                               "replay vs outside it (the patch must be on the runner's instance only)"))
             self.expected_replays += 1
-            self._keep(output, batch, what)
 
         @rule(install=st.booleans())
         def change_forward_wrapper(self, install: bool) -> None:
@@ -342,8 +344,9 @@ def _machine(kind: str, subjects: Callable[[bool, bool], _Subject], device: torc
 
         @invariant()
         def handed_out_outputs_keep_their_values(self) -> None:
-            for output, expected, what in self.kept:
-                assert_equivalent(output, expected, exact=bitwise,
+            # Each was eager's when handed out (check_run); it must stay what it was, bit for bit.
+            for output, value, what in self.kept:
+                assert_equivalent(output, value, exact=True,
                                   context=context(machine=kind, call=what, comparison="an output handed out earlier, "
                                                   "read after every later step"))
 
@@ -378,13 +381,13 @@ def _machine(kind: str, subjects: Callable[[bool, bool], _Subject], device: torc
             self.disturbed = False
             batch = self._batch([1], "none", False, 0)
             self.expected_replays += 1
-            self._keep(self.runner.replay(batch), batch, "the usability probe replay(1 token)")
+            self._checked("replay", batch, "the usability probe replay(1 token)")
 
     return RunnerLifecycle
 
 
 @pytest.mark.parametrize("kind", list(MACHINES))
-def test_runner_lifecycle(kind, build_runner, device, exact_comparison, failure_context):
+def test_runner_lifecycle(kind, build_runner, device, check_run, runner_checker, failure_context):
     cache: dict[tuple[bool, bool], _Subject] = {}
 
     def subjects(wrapper: bool, hook: bool) -> _Subject:
@@ -392,7 +395,7 @@ def test_runner_lifecycle(kind, build_runner, device, exact_comparison, failure_
             cache[wrapper, hook] = _build_subject(kind, wrapper, hook, build_runner, device)
         return cache[wrapper, hook]
 
-    machine = _machine(kind, subjects, device, exact_comparison(torch.float32), failure_context)
+    machine = _machine(kind, subjects, device, check_run, runner_checker, failure_context)
     current = settings()
     # Each example captures a model (cached per wrapper/hook combination); half the profile's examples of
     # ten steps each keep both machines inside the ci budget.

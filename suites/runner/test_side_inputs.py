@@ -10,12 +10,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from harness.compare import describe_mismatch
+from harness.oracle import CALLING_MODES
 from harness.runner.cases import eager, lengths_strategy, make_batch
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
-@given(lengths=lengths_strategy(), seed=st.integers(0, 2**16), mode=st.sampled_from(["none", "last", "full"]))
-def test_side_input_reaches_the_graph(zoo_runner, assert_matches_eager, device, dtype, lengths, seed, mode):
+@given(lengths=lengths_strategy(), seed=st.integers(0, 2**16), mode=st.sampled_from(["none", "last", "full"]),
+       calling=st.sampled_from(CALLING_MODES))
+def test_side_input_reaches_the_graph(zoo_runner, check_run, device, dtype, lengths, seed, mode, calling):
     model, runner = zoo_runner("side-input", dtype)
     with_side = make_batch("side-input", lengths, seed=seed, dtype=dtype, device=device, hidden_mode=mode)
     zeroed = make_batch("side-input", lengths, seed=seed, dtype=dtype, device=device, hidden_mode=mode,
@@ -26,5 +28,5 @@ def test_side_input_reaches_the_graph(zoo_runner, assert_matches_eager, device, 
         "the side input does not change eager output beyond tolerance: this example proves nothing")
     # Both orders: a replay must not keep the previous replay's side input either.
     for batch in (with_side, zeroed, with_side):
-        assert_matches_eager(runner.run(batch), model, batch, dtype=dtype, name="side-input", seed=seed,
-                             side_input="zeroed" if batch is zeroed else "random")
+        check_run(runner, model, batch, mode=calling, dtype=dtype, model="side-input", seed=seed,
+                  side_input="zeroed" if batch is zeroed else "random")

@@ -12,6 +12,8 @@ import torch
 
 from harness.models.transformers_adapter import TransformersAdapter
 from harness.models.transformers_zoo import architecture, build_architecture
+from harness.oracle import Checker
+from harness.plugin.failures import failure_context
 from harness.runner.matrices import discovery_matrix
 
 SEED = 7
@@ -33,11 +35,13 @@ def architecture_buckets() -> tuple[int, ...]:
 
 
 @pytest.fixture(scope="session")
-def architecture_runner(runner_factory: Any, graph_capturer: Any,
-                        device: torch.device) -> Callable[..., tuple[Any, Any]]:
+def architecture_runner(runner_factory: Any, graph_capturer: Any, device: torch.device,
+                        request: pytest.FixtureRequest) -> Callable[..., tuple[Any, Any]]:
     """``architecture_runner(name, requires_grad=False)`` -> ``(adapter, runner)``, captured once per
-    session with the ``runner`` and ``graphs`` implementations under test."""
+    session with the ``runner`` and ``graphs`` implementations under test; the construction must leave the
+    model as it was (:meth:`harness.oracle.Checker.construct`)."""
     factory, capturer = runner_factory, graph_capturer
+    checker = Checker("runner", context=lambda **details: failure_context(request, **details))
     cache: dict[tuple[str, bool], tuple[Any, Any]] = {}
 
     def get(name: str, *, requires_grad: bool = False) -> tuple[Any, Any]:
@@ -47,7 +51,8 @@ def architecture_runner(runner_factory: Any, graph_capturer: Any,
             adapter = TransformersAdapter(model, layout=architecture(name).layout)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                cache[name, requires_grad] = adapter, factory(adapter, buckets=BUCKETS, graphs=capturer)
+                cache[name, requires_grad] = adapter, checker.construct(
+                    lambda: factory(adapter, buckets=BUCKETS, graphs=capturer), modules=[adapter], model=name)
         return cache[name, requires_grad]
 
     return get

@@ -11,7 +11,6 @@ import types
 import warnings
 
 import pytest
-import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -25,6 +24,7 @@ from harness.models.transformers_zoo import (
     ArchitectureUnavailable,
     experts_implementation,
 )
+from harness.oracle import CALLING_MODES
 from harness.plugin.profiles import capped_examples, current_hypothesis_profile
 from harness.plugin.session import session_of
 from harness.runner import ForwardBatch, select_bucket
@@ -76,48 +76,38 @@ def _runner(architecture_runner, name, **options):
 
 @capped_examples(3)
 @given(lengths=_lengths(), seed=st.integers(0, 2**16), mode=st.sampled_from(["none", "last", "full"]),
-       all_logits=st.booleans())
-def test_replay_equals_eager(architecture_runner, architecture_buckets, exact_comparison, failure_context, device,
-                             name, lengths, seed, mode, all_logits):
-    """Two oracles, as in the runner suites: eager at the replay's shapes (the batch padded to its bucket),
-    bitwise where :func:`harness.compare.bitwise_expected` says so; and eager on the batch itself within the
-    tolerance table. Some architectures are not shape-invariant in eager: qwen3-next's chunked linear
-    attention gives logits ~2e-5 apart for the same requests padded and unpadded (fp32, measured here).
-    Where eager disagrees with itself beyond the table, the tolerance check is made against eager at the
-    replay's shapes, which the replay must then match; the message says so."""
+       all_logits=st.booleans(), calling=st.sampled_from(CALLING_MODES))
+def test_replay_equals_eager(architecture_runner, architecture_buckets, check_run, failure_context, device, name,
+                             lengths, seed, mode, all_logits, calling):
+    """Two oracles, as in the runner suites: through ``check_run``, eager at the replay's shapes (the batch padded
+    to its bucket), bitwise where :func:`harness.compare.bitwise_expected` says so, on everything a caller can
+    observe; and eager on the batch itself within the tolerance table. Some architectures are not
+    shape-invariant in eager: qwen3-next's chunked linear attention gives logits ~2e-5 apart for the same requests
+    padded and unpadded (fp32, measured here). Where eager disagrees with itself beyond the table, the replay is
+    held to eager at the replay's shapes only; the message says so."""
     adapter, runner = _runner(architecture_runner, name)
     batch = ForwardBatch.from_lengths(lengths, vocab_size=VOCAB_SIZE - 2, seed=seed, device=device,
                                       hidden_mode=mode, all_logits=all_logits)
-    actual = runner.run(batch)
-    at_replay_shapes = eager_padded(adapter, batch, select_bucket(batch.num_tokens, architecture_buckets))
-    unpadded = eager(adapter, batch)
-    shape_invariant = equivalent(at_replay_shapes, unpadded)
+    bucket = select_bucket(batch.num_tokens, architecture_buckets)
     try:
-        if exact_comparison(torch.float32):
-            assert_equivalent(actual, at_replay_shapes, exact=True, context=failure_context(
-                model=name, seed=seed, batch=batch.describe(),
-                comparison="bitwise against eager at the replay's shapes"))
-        assert_equivalent(actual, unpadded if shape_invariant else at_replay_shapes, exact=False,
-                          context=failure_context(
-                              model=name, seed=seed, batch=batch.describe(),
-                              comparison="against eager on the batch itself" if shape_invariant else
-                              "against eager at the replay's shapes (eager on the unpadded batch differs from it "
-                              "beyond the table)"))
+        actual = check_run(runner, adapter, batch, mode=calling, buckets=architecture_buckets,
+                           twin=lambda b: eager_padded(adapter, b, bucket), model=name, seed=seed,
+                           oracle="eager at the replay's shapes")
+        unpadded = eager(adapter, batch)
+        if not equivalent(actual, unpadded) and equivalent(eager_padded(adapter, batch, bucket), unpadded):
+            # eager is shape-invariant here, so the replay must equal eager on the batch itself too
+            assert_equivalent(actual, unpadded, exact=False, context=failure_context(
+                model=name, seed=seed, batch=batch.describe(), comparison="against eager on the batch itself"))
     except AssertionError as error:
         layers = localise(runner, adapter, batch) if hasattr(runner, "layer_outputs") else "no per-layer outputs"
         raise AssertionError(f"{error}\nper-layer divergence of {name}:\n{layers}") from None
 
 
-def test_moe_under_caller_grad_mode(architecture_runner, failure_context, device):
+def test_moe_under_caller_grad_mode(architecture_runner, architecture_buckets, check_run, device):
+    # Parameters that require grad, a caller with autograd on: outputs are eager's (no grad_fn), values too.
     adapter, runner = _runner(architecture_runner, "qwen3-moe", requires_grad=True)
     batch = ForwardBatch.from_lengths([3, 4, 1], vocab_size=VOCAB_SIZE - 2, seed=5, device=device)
-    with torch.enable_grad():
-        actual = runner.run(batch)
-    assert actual.next_token_logits.grad_fn is None, "replayed logits carry a grad_fn: autograd was on in the graph"
-    with torch.no_grad():
-        expected = adapter(batch.input_ids, batch.positions, batch)
-    assert_equivalent(actual, expected, exact=False,
-                      context=failure_context(model="qwen3-moe", seed=5, batch=batch.describe()))
+    check_run(runner, adapter, batch, mode="grad", buckets=architecture_buckets, model="qwen3-moe", seed=5)
 
 
 @pytest.mark.parametrize("name", CI_SUBSET)

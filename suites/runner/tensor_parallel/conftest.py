@@ -26,7 +26,8 @@ def assert_ranks_match_eager(failure_context: Callable[..., dict]) -> Callable[.
     On every rank: the group picked the bucket :func:`expected_bucket` names (or ran eagerly on
     every rank where none holds the largest arrival), the forward was restored and the batch
     unpublished; the output equals eager at the shapes the group ran at (bitwise where
-    :func:`harness.compare.bitwise_expected`), eager on the unpadded batch and the unsharded model
+    :func:`harness.compare.bitwise_expected`; each rank's call was also checked there, on everything a caller
+    observes, by :class:`harness.oracle.Checker`), eager on the unpadded batch and the unsharded model
     within the tolerance table; and all ranks' outputs are bitwise equal (an all-reduce and an
     all-gather hand every rank the same values).
     """

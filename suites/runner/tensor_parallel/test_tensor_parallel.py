@@ -2,10 +2,11 @@
 model (harness.models.tensor_parallel), in a pool of rank processes (``--tp`` ranks, gloo on the CPU).
 
 Contract: replay equals eager on every rank, for every batch composition and both ways of running
-collectives (inside the captured segments, or as eager breaks); the ranks pick the same bucket for
-a batch whatever padding each rank's batch arrives with, or all run it eagerly; after an error the
-layer stack's forward is restored on every rank; a rank that raises leaves no rank hung (the step
-fails, naming each rank's fate, within its deadline)."""
+collectives (inside the captured segments, or as eager breaks), each call checked on its rank by
+harness.oracle against eager on the shard at the group's shapes (everything a caller observes); the
+ranks pick the same bucket for a batch whatever padding each rank's batch arrives with, or all run it
+eagerly; after an error the layer stack's forward is restored on every rank; a rank that raises leaves
+no rank hung (the step fails, naming each rank's fate, within its deadline)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from hypothesis import strategies as st
 
 from harness.distributed.rank_pool import RankFailure
 from harness.models import ModelConfig
+from harness.oracle import CALLING_MODES
 from harness.plugin.profiles import capped_examples
 from harness.runner import tensor_parallel as tp_cases
 from harness.runner.candidate import fixed_capture_plan
@@ -85,13 +87,14 @@ def test_collectives_are_captured_where_the_model_puts_them(tp, collectives):
 @given(lengths=st.lists(st.integers(1, 4), min_size=1, max_size=4), seed=st.integers(0, 2**16),
        mode=st.sampled_from(["none", "last", "full"]), all_logits=st.booleans(),
        padding=st.lists(st.integers(0, 4), min_size=1, max_size=4), model=st.sampled_from(["dense", "moe"]),
-       collectives=st.sampled_from(["graph", "break"]))
+       collectives=st.sampled_from(["graph", "break"]), calling=st.sampled_from(CALLING_MODES))
 def test_random_compositions_on_every_rank(tp, assert_ranks_match_eager, lengths, seed, mode, all_logits, padding,
-                                           model, collectives):
+                                           model, collectives, calling):
     setup = tp.setup(model=model, collectives=collectives)
     composition = Composition(tuple(lengths), seed=seed, hidden_mode=mode, all_logits=all_logits,
                               padding=tuple(padding))
-    results = tp.pool.run(f"run {composition.describe()}", tp_cases.run_compositions, setup, [composition])
+    results = tp.pool.run(f"run {composition.describe()} under {calling}", tp_cases.run_compositions, setup,
+                          [composition], calling)
     assert_ranks_match_eager(setup, composition, [per_rank[0] for per_rank in results])
 
 

@@ -51,10 +51,10 @@ def _outcome(spec: str, verdict: str, test: str, backend: str) -> selfcheck.Outc
     return selfcheck.Outcome("graphs", spec, "mutant", verdict, test, 1.0, "", "", 0.5, backend)
 
 
-def test_hints_round_trip_and_keep_other_backends(tmp_path: Path):
-    selfcheck.write_hints(tmp_path, [_outcome("mutant:a", "killed", "suites/graphs/t.py::x", "cuda")])
-    selfcheck.write_hints(tmp_path, [_outcome("mutant:a", "killed", "suites/graphs/t.py::y", "emulated"),
-                                     _outcome("mutant:b", "survived", "", "emulated")])
+def test_the_kill_matrix_round_trips_and_keeps_other_backends(tmp_path: Path):
+    selfcheck.write_kill_matrix(tmp_path, [_outcome("mutant:a", "killed", "suites/graphs/t.py::x", "cuda")])
+    selfcheck.write_kill_matrix(tmp_path, [_outcome("mutant:a", "killed", "suites/graphs/t.py::y", "emulated"),
+                                           _outcome("mutant:b", "survived", "", "emulated")])
     hints = selfcheck.read_hints(tmp_path)
     assert hints == {("graphs", "mutant:a", "cuda"): "suites/graphs/t.py::x",
                      ("graphs", "mutant:a", "emulated"): "suites/graphs/t.py::y"}
@@ -72,7 +72,9 @@ def test_a_slow_kill_is_recorded_and_cleared_by_a_fast_one(tmp_path: Path):
                                                    ("graphs", "mutant:untimed", "cuda")}
     selfcheck.write_hints(tmp_path, [killed("mutant:slow", 1.0)])  # the same mutant, killed fast this time
     assert selfcheck.read_slow_kills(tmp_path) == {("graphs", "mutant:untimed", "cuda")}
-    assert selfcheck.read_hints(tmp_path)["graphs", "mutant:slow", "cuda"] == "suites/graphs/t.py::x"
+    cached = selfcheck.read_hints_cache(tmp_path)
+    assert cached["graphs", "mutant:slow", "cuda"]["killing_test"] == "suites/graphs/t.py::x"
+    assert not (tmp_path / selfcheck.KILL_MATRIX_PATH).exists()  # timings never go into the golden
 
 
 @pytest.mark.parametrize("reference_workers", [1, 3])
@@ -85,6 +87,7 @@ def test_slow_mutants_start_first_and_beside_the_references_at_a_lower_priority(
     slow = [registered[len(registered) // 2], registered[-1]]
     selfcheck.write_hints(tmp_path, [selfcheck.Outcome("graphs", impl.name, "mutant", "killed", "suites/graphs/t.py::x",
                                                        30.0, "", "", 30.0, "emulated") for impl in slow])
+    assert not (tmp_path / selfcheck.KILL_MATRIX_PATH).exists()  # the order comes from the hints cache
     started: list[tuple[str, int]] = []
 
     def fake_run_one(impl, *, niceness: int = 0, **_: object) -> selfcheck.Outcome:

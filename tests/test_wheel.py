@@ -49,7 +49,7 @@ pytest_collect_file = collect_suite("gather")
 # The test is about packaging: every run on the CPU and the emulated backend, on a GPU runner too.
 _CPU = ["--device", "cpu", "--graph-backend", "emulated"]
 _IGNORED = shutil.ignore_patterns(".git", ".venv", ".whl", ".sglang", ".vllm", "build", "dist", "*.egg-info",
-                                  "__pycache__", ".hypothesis", ".pytest_cache", ".ci")
+                                  "__pycache__", ".hypothesis", ".pytest_cache", ".harness_cache", ".ci")
 
 
 def _run(command: list[str], *, cwd: Path, env: dict[str, str], timeout: int = 900) -> subprocess.CompletedProcess:
@@ -95,8 +95,11 @@ def _install(wheel: Path, tmp_path_factory) -> tuple[Path, dict[str, str]]:
     python = venv / "bin" / "python"
     site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                check=True, capture_output=True, text=True).stdout.strip())
-    links = base / "dependencies"
-    links.mkdir()
+    # Named site-packages, as the folders it links to are: hypothesis takes a module outside a folder of that
+    # name for the project's own code and parses its source for constants (in every child pytest here: torch's
+    # and transformers' whole trees, most of each run's time, since each runs in a fresh folder).
+    links = base / "dependencies" / "site-packages"
+    links.mkdir(parents=True)
     for folder in _dependency_folders():
         for entry in folder.iterdir():
             name = entry.name
@@ -206,7 +209,8 @@ def _check_selfcheck_run(python: Path, env: dict[str, str], tmp_path: Path) -> N
 
 
 # The limit is wall time on a shared machine, which a loaded small machine stretches far beyond the test's CPU
-# time.
+# time. The longest test of tests/: started first (tests/conftest.py).
+@pytest.mark.long_running
 @pytest.mark.timeout(2400)
 def test_an_engine_ci_runs_the_installed_wheel(tmp_path_factory, tmp_path):
     """One test, so that one wheel and one venv are built, under pytest-xdist too."""

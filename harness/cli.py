@@ -60,6 +60,9 @@ def _selfcheck(arguments: argparse.Namespace) -> int:
     chosen = _chosen_components(arguments)
     _check_device(arguments)
     root = locations.project_root()  # the checkout, or the installed package: it runs from any directory
+    if arguments.update_kill_matrix and not locations.is_checkout():
+        raise HarnessError(f"--update-kill-matrix rewrites a checkout's {selfcheck.KILL_MATRIX_PATH.as_posix()}; this "
+                           f"harness is installed ({root}), whose kill matrix stays as shipped")
     started = time.perf_counter()
     outcomes = selfcheck.run_selfcheck(components=chosen, graph_backend=arguments.graph_backend,
                                        device=arguments.device, jobs=arguments.jobs, root=root,
@@ -72,10 +75,14 @@ def _selfcheck(arguments: argparse.Namespace) -> int:
     print(f"whole matrix: {wall:.0f} s")
     if arguments.json:
         selfcheck.write_json(outcomes, arguments.json, wall_seconds=round(wall, 1))
-    moved = _kill_matrix_changes(root, outcomes) if arguments.check_kill_matrix else []
-    if not arguments.keep_hints and locations.is_checkout():  # an installed wheel's hints stay as shipped
-        selfcheck.write_hints(root, outcomes)
-    return 0 if all(o.ok for o in outcomes) and not moved else 1
+    moved = _kill_matrix_changes(root, outcomes, check=arguments.check_kill_matrix,
+                                 update=arguments.update_kill_matrix)
+    if locations.is_checkout():  # an installed wheel writes nothing into its package
+        if arguments.update_kill_matrix:
+            selfcheck.write_kill_matrix(root, outcomes)
+        if not arguments.keep_hints:
+            selfcheck.write_hints(root, outcomes)
+    return 0 if all(o.ok for o in outcomes) and not (moved and arguments.check_kill_matrix) else 1
 
 
 def _progress_printer(started: float):
@@ -93,16 +100,24 @@ def _progress_printer(started: float):
     return finished
 
 
-def _kill_matrix_changes(root: Path, outcomes: list) -> list[str]:
-    """Print how the killing tests differ from the committed kill matrix (the golden)."""
+def _kill_matrix_changes(root: Path, outcomes: list, *, check: bool, update: bool) -> list[str]:
+    """How the killing tests differ from the committed kill matrix (the golden): a line each with ``check`` or
+    ``update``, else one line saying how many moved (the golden is not rewritten by a plain run)."""
     from harness.selfcheck import kill_matrix
 
+    golden = selfcheck.KILL_MATRIX_PATH.as_posix()
     moved = kill_matrix.changes(root, outcomes)
+    if moved and not (check or update):
+        print(f"{len(moved)} killing tests differ from {golden} (--check-kill-matrix lists them; "
+              "--update-kill-matrix records them)")
+        return moved
     for line in moved:
         print(f"kill matrix changed: {line}")
-    if moved:
-        print("a suite change moved what kills these mutants: review the rewritten golden/selfcheck/kill_matrix.json "
-              "and commit it if intended")
+    if moved and update:
+        print(f"recorded in {golden}: review its diff and commit it if intended")
+    elif moved:
+        print("a suite change moved what kills these mutants: rerun with --update-kill-matrix to record it in "
+              f"{golden}, review its diff and commit it if intended")
     return moved
 
 
@@ -202,9 +217,13 @@ def build_parser(prog: str = "python -m harness") -> argparse.ArgumentParser:
                             "they are forked from one process that has imported torch, transformers, hypothesis and "
                             "the harness once (where the platform has os.fork)")
     check.add_argument("--keep-hints", action="store_true",
-                       help="do not rewrite golden/selfcheck/kill_matrix.json (which test killed each mutant)")
+                       help="do not rewrite this machine's hints cache, .harness_cache/selfcheck-hints.json (each "
+                            "mutant's last killing test and seconds to kill, which order the next run's start)")
     check.add_argument("--check-kill-matrix", action="store_true",
                        help="fail when a mutant's killing test differs from golden/selfcheck/kill_matrix.json")
+    check.add_argument("--update-kill-matrix", action="store_true",
+                       help="record each killed mutant's killing test in golden/selfcheck/kill_matrix.json (a golden: "
+                            "review its diff); without it a run only reads that file")
     summary = commands.add_parser("report", help="a run report and/or kill matrix as Markdown ($GITHUB_STEP_SUMMARY)")
     summary.add_argument("--run-report", metavar="PATH", help="JSON written by pytest --harness-report")
     summary.add_argument("--selfcheck", metavar="PATH", help="JSON written by selfcheck --json")

@@ -4,15 +4,68 @@
 whole suite, a benchmark or a chain of child processes (tens of seconds here, more on a GPU runner): it
 starts first, at the head of its own xdist worker's share (the GPU check's tests step had stopped at its
 limit waiting for one started last).
+
+``@pytest.mark.slow_child`` (this folder's own marker) marks an end-to-end test whose child processes take a
+minute or more of CPU on 2 cores (the whole packaged suite from an installed wheel). ``pytest tests/`` leaves
+them out where no ``-m`` is given and they are not named by node id; ``.ci/run`` and ``ci.yml`` run them
+(``-m slow_child``, or every test with ``-m "slow_child or not slow_child"``).
+
+Under pytest-xdist (``pytest tests/ -n auto``) the tests are dealt out with ``--dist worksteal`` unless the
+command line names a ``--dist``: each worker starts with a contiguous share whose head holds the long tests
+(with ``load``, the default of ``-n``, only the first quarter of the collection is dealt out at the start, so
+the head of the second worker's share started minutes late), and an idle worker takes tests from a busy one.
 """
 
 from __future__ import annotations
+
+import os
+import shlex
+import sys
+from pathlib import Path
 
 import pytest
 
 from harness.plugin.xdist_order import order_for_workers
 
+SLOW_CHILD = ("slow_child: an end-to-end test whose child processes take a minute or more of CPU on 2 cores: left "
+              "out of a run of tests/ without -m, run by .ci/run and ci.yml (-m slow_child)")
 
+
+def _dist_given(config: pytest.Config) -> bool:
+    words = [*config.invocation_params.args, *shlex.split(os.environ.get("PYTEST_ADDOPTS", "")),
+             *config.getini("addopts")]
+    return any(word in ("--dist", "-d") or word.startswith("--dist=") for word in words)
+
+
+def _named(config: pytest.Config, item: pytest.Item) -> bool:
+    """Whether the command line names ``item`` by its node id (``tests/test_wheel.py::test_...``)."""
+    for argument in config.args:
+        path, _, name = argument.partition("::")
+        if name and Path(path).name == item.path.name and item.nodeid.split("::", 1)[1].startswith(name):
+            return True
+    return False
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which starts the workers with the chosen scheduler
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", SLOW_CHILD)
+    # Byte code is written whatever PYTHONDONTWRITEBYTECODE says (a shell or an agent may set it): most tests start
+    # child pytest processes, and without cached byte code each compiled the harness and rewrote its assertions
+    # anew, about a third of a small child's CPU time (3.7 s against 2.4 s of user time, 2 cores). The caches
+    # land in __pycache__ folders, which git ignores. The workers and children inherit this environment.
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    sys.dont_write_bytecode = False
+    if getattr(config.option, "dist", "no") == "load" and not _dist_given(config):
+        config.option.dist = "worksteal"
+
+
+@pytest.hookimpl(tryfirst=True)  # before the order is made: every worker must order the same items
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.option.markexpr:  # an -m of the command line selects by itself, as does naming the test
+        slow = [item for item in items
+                if item.get_closest_marker("slow_child") is not None and not _named(config, item)]
+        if slow:
+            config.hook.pytest_deselected(items=slow)
+            items[:] = [item for item in items if item not in slow]
     # a run of tests/ that the harness's plugin did not activate for: its order all the same
     order_for_workers(config, items)

@@ -15,12 +15,12 @@ def _outcome(mutant: str, killed_by: str, *, verdict: str = "killed", backend: s
 
 def test_unchanged_killing_tests_are_no_change(tmp_path):
     outcomes = [_outcome("a", "t::one"), Outcome("gather", "reference", "reference", "passed", "", 1.0, "pytest ...")]
-    selfcheck.write_hints(tmp_path, outcomes)
+    selfcheck.write_kill_matrix(tmp_path, outcomes)
     assert kill_matrix.changes(tmp_path, outcomes) == []
 
 
 def test_moved_survived_and_new_mutants_are_changes(tmp_path):
-    selfcheck.write_hints(tmp_path, [_outcome("a", "t::one"), _outcome("b", "t::b")])
+    selfcheck.write_kill_matrix(tmp_path, [_outcome("a", "t::one"), _outcome("b", "t::b")])
     now = [_outcome("a", "t::two"), _outcome("b", "", verdict="survived"), _outcome("c", "t::c"),
            _outcome("a", "t::one", backend="cuda")]
     assert kill_matrix.changes(tmp_path, now) == [
@@ -32,7 +32,7 @@ def test_moved_survived_and_new_mutants_are_changes(tmp_path):
 
 
 def test_a_corrupted_matrix_is_named(tmp_path):
-    path = tmp_path / selfcheck.HINTS_PATH
+    path = tmp_path / selfcheck.KILL_MATRIX_PATH
     path.parent.mkdir(parents=True)
     path.write_text('{"kills": [{"component": "gath')
     with pytest.raises(GoldenError, match="kill_matrix.json is unreadable"):

@@ -51,10 +51,10 @@ def _outcome(spec: str, verdict: str, test: str, backend: str) -> selfcheck.Outc
     return selfcheck.Outcome("graphs", spec, "mutant", verdict, test, 1.0, "", "", 0.5, backend)
 
 
-def test_hints_round_trip_and_keep_other_backends(tmp_path: Path):
-    selfcheck.write_hints(tmp_path, [_outcome("mutant:a", "killed", "suites/graphs/t.py::x", "cuda")])
-    selfcheck.write_hints(tmp_path, [_outcome("mutant:a", "killed", "suites/graphs/t.py::y", "emulated"),
-                                     _outcome("mutant:b", "survived", "", "emulated")])
+def test_the_kill_matrix_round_trips_and_keeps_other_backends(tmp_path: Path):
+    selfcheck.write_kill_matrix(tmp_path, [_outcome("mutant:a", "killed", "suites/graphs/t.py::x", "cuda")])
+    selfcheck.write_kill_matrix(tmp_path, [_outcome("mutant:a", "killed", "suites/graphs/t.py::y", "emulated"),
+                                           _outcome("mutant:b", "survived", "", "emulated")])
     hints = selfcheck.read_hints(tmp_path)
     assert hints == {("graphs", "mutant:a", "cuda"): "suites/graphs/t.py::x",
                      ("graphs", "mutant:a", "emulated"): "suites/graphs/t.py::y"}
@@ -72,7 +72,9 @@ def test_a_slow_kill_is_recorded_and_cleared_by_a_fast_one(tmp_path: Path):
                                                    ("graphs", "mutant:untimed", "cuda")}
     selfcheck.write_hints(tmp_path, [killed("mutant:slow", 1.0)])  # the same mutant, killed fast this time
     assert selfcheck.read_slow_kills(tmp_path) == {("graphs", "mutant:untimed", "cuda")}
-    assert selfcheck.read_hints(tmp_path)["graphs", "mutant:slow", "cuda"] == "suites/graphs/t.py::x"
+    cached = selfcheck.read_hints_cache(tmp_path)
+    assert cached["graphs", "mutant:slow", "cuda"]["killing_test"] == "suites/graphs/t.py::x"
+    assert not (tmp_path / selfcheck.KILL_MATRIX_PATH).exists()  # timings never go into the golden
 
 
 @pytest.mark.parametrize("reference_workers", [1, 3])
@@ -85,6 +87,7 @@ def test_slow_mutants_start_first_and_beside_the_references_at_a_lower_priority(
     slow = [registered[len(registered) // 2], registered[-1]]
     selfcheck.write_hints(tmp_path, [selfcheck.Outcome("graphs", impl.name, "mutant", "killed", "suites/graphs/t.py::x",
                                                        30.0, "", "", 30.0, "emulated") for impl in slow])
+    assert not (tmp_path / selfcheck.KILL_MATRIX_PATH).exists()  # the order comes from the hints cache
     started: list[tuple[str, int]] = []
 
     def fake_run_one(impl, *, niceness: int = 0, **_: object) -> selfcheck.Outcome:
@@ -228,9 +231,14 @@ PASSES = "def test_passes():\n    assert 1 + 1 == 2\n"
 FAILS = "def test_fails():\n    assert 1 + 1 == 3\n"
 
 
+SLOW = "import time\n\ndef test_slow():\n    time.sleep(0.5)\n\n"
+
+
+# One session of both tiny suites, on one process and on two xdist workers (each a process importing torch and
+# the harness): each reference is judged by its own suite's failures and keeps its own suite's slowest tests.
 @pytest.mark.parametrize("workers", [1, 2], ids=["one-process", "two-xdist-workers"])
 def test_references_in_one_session_are_judged_by_their_own_suites(tmp_path: Path, workers: int):
-    root = _suites_root(tmp_path, gather_test=FAILS, graphs_test=PASSES)
+    root = _suites_root(tmp_path, gather_test=FAILS, graphs_test=SLOW + PASSES)
     gather, graphs = selfcheck.run_references(
         _references("gather", "graphs"), workers=workers, graph_backend="emulated", device="cpu", root=root,
         environment=selfcheck.child_environment(threads=1), test_timeout=None, process_timeout=300)
@@ -240,6 +248,14 @@ def test_references_in_one_session_are_judged_by_their_own_suites(tmp_path: Path
     # One session: one time for both; each names the command that reproduces its own suite.
     assert gather.seconds == graphs.seconds > 0
     assert "suites/gather" in gather.command and "suites/graphs" in graphs.command
+    # Each reference keeps its own suite's tests, slowest first (seconds of setup, call and teardown).
+    assert [nodeid for nodeid, _ in graphs.slowest_tests] == [
+        "suites/graphs/test_graphs_tiny.py::test_slow", "suites/graphs/test_graphs_tiny.py::test_passes"]
+    assert graphs.slowest_tests[0][1] >= 0.5 > graphs.slowest_tests[1][1]
+    assert [nodeid for nodeid, _ in gather.slowest_tests] == ["suites/gather/test_gather_tiny.py::test_fails"]
+    table = selfcheck.format_matrix([gather, graphs])
+    assert re.search(r"^slowest tests of the references: suites/graphs/test_graphs_tiny\.py::test_slow \(\d+\.\d s\), ",
+                     table, re.MULTILINE), table
 
 
 def test_a_failure_in_no_references_suite_fails_every_reference(tmp_path: Path):
@@ -279,23 +295,6 @@ def test_references_share_one_session_beside_the_mutants(tmp_path: Path, monkeyp
     assert [o.component for o in outcomes if o.kind == "reference"] == ["graphs", "gather"]
     # Every mutant judged here went through run_one (the cuda-only ones are skipped on this backend).
     assert {o.verdict for o in outcomes if o.kind == "mutant"} == {"killed", "skipped"}
-
-
-def test_a_references_run_reports_its_slowest_tests(tmp_path: Path):
-    root = _suites_root(tmp_path, gather_test=PASSES,
-                        graphs_test="import time\n\ndef test_slow():\n    time.sleep(0.5)\n\n" + PASSES)
-    gather, graphs = selfcheck.run_references(
-        _references("gather", "graphs"), workers=2, graph_backend="emulated", device="cpu", root=root,
-        environment=selfcheck.child_environment(threads=1), test_timeout=None, process_timeout=300)
-    assert (gather.verdict, graphs.verdict) == ("passed", "passed"), (gather, graphs)
-    # Each reference keeps its own suite's tests, slowest first (seconds of setup, call and teardown).
-    assert [nodeid for nodeid, _ in graphs.slowest_tests] == [
-        "suites/graphs/test_graphs_tiny.py::test_slow", "suites/graphs/test_graphs_tiny.py::test_passes"]
-    assert graphs.slowest_tests[0][1] >= 0.5 > graphs.slowest_tests[1][1]
-    assert [nodeid for nodeid, _ in gather.slowest_tests] == ["suites/gather/test_gather_tiny.py::test_passes"]
-    table = selfcheck.format_matrix([gather, graphs])
-    assert re.search(r"^slowest tests of the references: suites/graphs/test_graphs_tiny\.py::test_slow \(\d+\.\d s\), ",
-                     table, re.MULTILINE), table
 
 
 def test_children_get_the_callers_pythonpath_made_absolute(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):

@@ -1,8 +1,9 @@
 """The harness as an engine's CI uses it: the built wheel, installed into a fresh virtual environment,
 run from a directory with no checkout on the path.
 
-One build and one venv; the suite runs dominate (the packaged gather suite with the compiled
-reference compiles). The venv does not
+One build and one venv per pytest process, shared by the checks; the suite runs dominate (the packaged gather
+suite with the compiled reference compiles: that check is ``slow_child``, left out of a plain run of tests/). The
+venv does not
 reinstall torch and the other dependencies: a folder of links to the current environment's packages
 (everything but the harness itself) is put on its path, so the wheel is installed with ``--no-deps``
 and what is tested is the wheel's own content. That the wheel's metadata asks for those dependencies
@@ -49,7 +50,7 @@ pytest_collect_file = collect_suite("gather")
 # The test is about packaging: every run on the CPU and the emulated backend, on a GPU runner too.
 _CPU = ["--device", "cpu", "--graph-backend", "emulated"]
 _IGNORED = shutil.ignore_patterns(".git", ".venv", ".whl", ".sglang", ".vllm", "build", "dist", "*.egg-info",
-                                  "__pycache__", ".hypothesis", ".pytest_cache", ".ci")
+                                  "__pycache__", ".hypothesis", ".pytest_cache", ".harness_cache", ".ci")
 
 
 def _run(command: list[str], *, cwd: Path, env: dict[str, str], timeout: int = 900) -> subprocess.CompletedProcess:
@@ -95,8 +96,11 @@ def _install(wheel: Path, tmp_path_factory) -> tuple[Path, dict[str, str]]:
     python = venv / "bin" / "python"
     site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                check=True, capture_output=True, text=True).stdout.strip())
-    links = base / "dependencies"
-    links.mkdir()
+    # Named site-packages, as the folders it links to are: hypothesis takes a module outside a folder of that
+    # name for the project's own code and parses its source for constants (in every child pytest here: torch's
+    # and transformers' whole trees, most of each run's time, since each runs in a fresh folder).
+    links = base / "dependencies" / "site-packages"
+    links.mkdir(parents=True)
     for folder in _dependency_folders():
         for entry in folder.iterdir():
             name = entry.name
@@ -205,15 +209,44 @@ def _check_selfcheck_run(python: Path, env: dict[str, str], tmp_path: Path) -> N
     assert completed.stdout.split()[:2] == ["killed", "True"], completed.stdout
 
 
-# The limit is wall time on a shared machine, which a loaded small machine stretches far beyond the test's CPU
+# The limits are wall time on a shared machine, which a loaded small machine stretches far beyond the tests' CPU
 # time.
-@pytest.mark.timeout(2400)
-def test_an_engine_ci_runs_the_installed_wheel(tmp_path_factory, tmp_path):
-    """One test, so that one wheel and one venv are built, under pytest-xdist too."""
-    wheel = _build_wheel(tmp_path_factory)
+pytestmark = pytest.mark.timeout(1200)
+
+
+# One wheel and one venv per pytest process (under pytest-xdist, per worker that runs a test of this file: building
+# and installing take seconds, the checks below the rest), shared by the checks, which xdist can then spread.
+@pytest.fixture(scope="session")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _build_wheel(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    return _install(wheel, tmp_path_factory)
+
+
+def test_the_wheel_carries_the_suites_goldens_baselines_and_plugin(wheel: Path):
     _check_contents(wheel)
-    python, env = _install(wheel, tmp_path_factory)
-    _check_list_and_location(python, env, tmp_path)
-    _check_outside_modules(python, env, tmp_path)
-    _check_selfcheck_run(python, env, tmp_path)
-    _check_reference_passes_the_packaged_suite(python, env, tmp_path)
+
+
+def test_the_installed_harness_lists_its_components_from_its_own_folder(installed, tmp_path: Path):
+    _check_list_and_location(*installed, tmp_path)
+
+
+@pytest.mark.long_running
+def test_an_engines_modules_run_under_the_installed_suites_and_reproduce(installed, tmp_path: Path):
+    _check_outside_modules(*installed, tmp_path)
+
+
+def test_a_selfcheck_run_from_the_wheel_starts_with_the_shipped_killing_test(installed, tmp_path: Path):
+    _check_selfcheck_run(*installed, tmp_path)
+
+
+# The whole packaged gather suite on the reference, compiles included: most of this file's CPU time (a minute
+# and more on 2 cores), so a plain `pytest tests/` leaves it out (slow_child: tests/conftest.py); .ci/run and
+# ci.yml run it.
+@pytest.mark.slow_child
+@pytest.mark.long_running
+def test_the_reference_passes_the_whole_packaged_suite(installed, tmp_path: Path):
+    _check_reference_passes_the_packaged_suite(*installed, tmp_path)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import importlib
+import importlib.metadata
 import json
 import os
 import re
@@ -69,11 +70,15 @@ def _harness_session(config: pytest.Config) -> Any:
 def _setup(config: pytest.Config) -> dict[str, Any]:
     session = _harness_session(config)
     device = getattr(session, "device", None)
+    # Its installed version, read without importing it (about a second of every run whose suites need no model).
     try:
-        import transformers
-        transformers_version = transformers.__version__
-    except ImportError:  # optional for the graphs and gather suites
-        transformers_version = "not installed"
+        transformers_version = importlib.metadata.version("transformers")
+    except importlib.metadata.PackageNotFoundError:  # importable without its metadata, or not installed
+        try:
+            import transformers
+            transformers_version = transformers.__version__
+        except ImportError:  # optional for the graphs and gather suites
+            transformers_version = "not installed"
     return {
         "device": str(device) if device is not None else "unknown",
         "device_class": _golden().device_class(device) if device is not None else "unknown",

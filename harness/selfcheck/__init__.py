@@ -1,8 +1,8 @@
 """The mutant kill matrix (``python -m harness selfcheck``): every known-bad implementation must fail.
 
 Each run is its own pytest process (mutants forked from :mod:`harness.selfcheck.fork_server`); the
-README's Mutants and the self-check section describes the matrix, the hints file :data:`HINTS_PATH` and
-when a mutant counts as killed, skipped or not judged."""
+README's Mutants and the self-check section describes the matrix, its golden :data:`KILL_MATRIX_PATH`, this
+machine's hints cache :data:`HINTS_CACHE_PATH` and when a mutant counts as killed, skipped or not judged."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import concurrent.futures
 import dataclasses
 import json
 import os
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -22,13 +23,21 @@ from harness.plugin import child_runs
 from harness.selfcheck.fork_server import ForkServer, ForkServerUnavailable
 from harness.selfcheck.fork_server import available as fork_server_available
 
-__all__ = ["Outcome", "HINTS_PATH", "default_jobs", "run_one", "run_references", "run_selfcheck", "judge",
-           "format_matrix", "write_json", "read_hints", "read_slow_kills", "hinted_test", "write_hints",
-           "child_environment", "fork_server_wanted", "TEST_SECONDS", "PROCESS_SECONDS", "SLOW_KILL_SECONDS",
-           "MUTANT_NICENESS"]
+__all__ = ["Outcome", "KILL_MATRIX_PATH", "HINTS_PATH", "HINTS_CACHE_PATH", "default_jobs", "run_one",
+           "run_references", "run_selfcheck", "judge", "format_matrix", "write_json", "read_hints", "read_hints_cache",
+           "read_slow_kills", "hinted_test", "first_tests", "write_kill_matrix", "write_hints", "child_environment",
+           "fork_server_wanted", "TEST_SECONDS", "PROCESS_SECONDS", "SLOW_KILL_SECONDS", "MUTANT_NICENESS"]
 
-# Which test killed which mutant last, per graph backend; relative to the project root.
-HINTS_PATH = Path("golden") / "selfcheck" / "kill_matrix.json"
+# The kill matrix, a golden: which test kills each mutant, per graph backend, and nothing that depends on the
+# machine; relative to the project root. Each mutant's run starts with its test. A run only reads it:
+# ``selfcheck --update-kill-matrix`` rewrites it (its killing tests can differ between hypothesis and torch
+# versions, so a plain run must not move them).
+KILL_MATRIX_PATH = Path("golden") / "selfcheck" / "kill_matrix.json"
+HINTS_PATH = KILL_MATRIX_PATH  # its name before the machine's timings moved out of it
+# This machine's hints, rewritten by every run and never committed (a folder with its own .gitignore, as
+# .pytest_cache): each killed mutant's last killing test and seconds to kill, and whether that kill was slow.
+# Missing or unreadable, it is only a slower start; relative to the project root.
+HINTS_CACHE_PATH = Path(".harness_cache") / "selfcheck-hints.json"
 # Concurrent pytest processes per GPU (never more than the cores): the suites' kernels are tiny, so a
 # mutant's run is mostly process start-up, imports and capture on the host; eight share an H200 well.
 PROCESSES_PER_GPU = 8
@@ -89,49 +98,115 @@ def default_jobs(device: str) -> int:
     return cores
 
 
-def _read_entries(root: Path) -> dict[tuple[str, str, str], dict[str, Any]]:
-    path = root / HINTS_PATH
+def _read_entries(path: Path) -> dict[tuple[str, str, str], dict[str, Any]]:
     if not path.is_file():
         return {}
     return {(e["component"], e["mutant"], e["graph_backend"]): e for e in json.loads(path.read_text())["kills"]}
 
 
 def read_hints(root: Path) -> dict[tuple[str, str, str], str]:
-    """``(component, mutant spec, graph backend) -> killing test node id`` from the hint file."""
-    return {key: entry["killing_test"] for key, entry in _read_entries(root).items()}
+    """``(component, mutant spec, graph backend) -> killing test node id`` from the kill matrix (the golden)."""
+    return {key: entry["killing_test"] for key, entry in _read_entries(root / KILL_MATRIX_PATH).items()}
+
+
+def _read_cache(path: Path) -> dict[tuple[str, str, str], dict[str, Any]]:
+    entries = _read_entries(path)
+    for entry in entries.values():
+        seconds = entry.get("seconds_to_kill", 0.0)
+        if not isinstance(entry["killing_test"], str) or not isinstance(seconds, (int, float)):
+            raise TypeError(f"an entry of the wrong shape: {entry!r}")
+    return entries
+
+
+_CACHE_ERRORS = (OSError, ValueError, KeyError, TypeError)
+
+
+def read_hints_cache(root: Path) -> dict[tuple[str, str, str], dict[str, Any]]:
+    """This machine's last observations per ``(component, mutant spec, graph backend)``: ``killing_test``,
+    ``seconds_to_kill`` and ``slow``. Missing: empty; unreadable: empty, after one line on stderr (the run
+    rewrites it)."""
+    path = root / HINTS_CACHE_PATH
+    try:
+        return _read_cache(path)
+    except _CACHE_ERRORS as error:
+        print(f"selfcheck: ignoring the unreadable hints cache {path} ({type(error).__name__}: {error}); "
+              "this run rewrites it", file=sys.stderr)
+        return {}
 
 
 def read_slow_kills(root: Path) -> set[tuple[str, str, str]]:
-    """The ``(component, mutant spec, graph backend)`` whose last kill took :data:`SLOW_KILL_SECONDS` or more."""
-    return {key for key, entry in _read_entries(root).items() if entry.get("slow")}
+    """The ``(component, mutant spec, graph backend)`` whose last kill here took :data:`SLOW_KILL_SECONDS` or more
+    (from the hints cache)."""
+    return {key for key, entry in read_hints_cache(root).items() if entry.get("slow") is True}
 
 
 def hinted_test(hints: dict[tuple[str, str, str], str], component: str, mutant: str, graph_backend: str) -> str:
-    """The test to run first against ``mutant``: the one that killed it last on this backend, else on another
-    (a new mutant recorded only on the emulated backend usually dies of the same test on CUDA, and without
-    a hint it runs its suite in order, up to a rank-pool test); empty without either."""
+    """The test to run first against ``mutant`` from ``hints`` (the kill matrix's): its killing test on this
+    backend, else on another (a new mutant recorded only on the emulated backend usually dies of the same test
+    on CUDA, and without a hint it runs its suite in order, up to a rank-pool test); empty without either."""
     if (component, mutant, graph_backend) in hints:
         return hints[component, mutant, graph_backend]
     return next((test for (c, m, _), test in sorted(hints.items()) if (c, m) == (component, mutant)), "")
 
 
-def write_hints(root: Path, outcomes: list[Outcome]) -> None:
-    """Record each killed mutant's killing test, and whether its kill was slow; entries of other components
-    and backends are kept."""
-    entries = _read_entries(root)
-    for outcome in outcomes:
-        if outcome.verdict == "killed" and outcome.first_failure:
-            key = (outcome.component, outcome.spec, outcome.graph_backend)
-            entries[key] = dict(zip(("component", "mutant", "graph_backend"), key), killing_test=outcome.first_failure)
-            seconds = outcome.seconds if outcome.seconds_to_first_failure is None else outcome.seconds_to_first_failure
-            if seconds >= SLOW_KILL_SECONDS:
-                entries[key]["slow"] = True
-    path = root / HINTS_PATH
+def first_tests(hints: dict[tuple[str, str, str], str], cached: dict[tuple[str, str, str], dict[str, Any]],
+                component: str, mutant: str, graph_backend: str) -> str:
+    """``HARNESS_RUN_FIRST`` of a mutant's run: the kill matrix's test (:func:`hinted_test`), then the test that
+    killed it last on this machine where that differs (a kill that moved since the matrix was recorded),
+    one node id a line; empty without either."""
+    observed = {key: entry["killing_test"] for key, entry in cached.items()}
+    tests = [hinted_test(hints, component, mutant, graph_backend), observed.get((component, mutant, graph_backend), "")]
+    return "\n".join(dict.fromkeys(test for test in tests if test))
+
+
+def _killed(outcomes: list[Outcome]) -> list[tuple[tuple[str, str, str], Outcome]]:
+    return [((o.component, o.spec, o.graph_backend), o) for o in outcomes if o.verdict == "killed" and o.first_failure]
+
+
+def _write_if_changed(path: Path, text: str) -> None:
+    if path.is_file() and path.read_text() == text:
+        return  # not even its modification time moves
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"about": "the test that killed each mutant last; selfcheck runs it first and "
-                                         "rewrites this file (review its diff like a golden); slow: that kill took "
-                                         f"{SLOW_KILL_SECONDS:g} s or more, so selfcheck starts the mutant first",
-                                "kills": [entries[key] for key in sorted(entries)]}, indent=2) + "\n")
+    path.write_text(text)
+
+
+def write_kill_matrix(root: Path, outcomes: list[Outcome]) -> None:
+    """Record each killed mutant's killing test in the kill matrix (the golden; ``--update-kill-matrix``).
+    Entries of other components, mutants and backends are kept, with their machine-independent fields only."""
+    fields = ("component", "mutant", "graph_backend", "killing_test")
+    entries = {key: {field: entry[field] for field in fields}
+               for key, entry in _read_entries(root / KILL_MATRIX_PATH).items()}
+    for key, outcome in _killed(outcomes):
+        entries[key] = dict(zip(fields, (*key, outcome.first_failure)))
+    _write_if_changed(root / KILL_MATRIX_PATH, json.dumps(
+        {"about": "the test that kills each mutant, per graph backend; selfcheck runs it first. Rewritten only by "
+                  "python -m harness selfcheck --update-kill-matrix (review its diff like a golden); this "
+                  f"machine's timings are in {HINTS_CACHE_PATH.as_posix()}",
+         "kills": [entries[key] for key in sorted(entries)]}, indent=2) + "\n")
+
+
+def write_hints(root: Path, outcomes: list[Outcome]) -> None:
+    """Record in the hints cache each killed mutant's killing test, seconds to kill, and whether that kill was
+    slow (:data:`SLOW_KILL_SECONDS`); entries of other components and backends are kept. A cache that cannot be
+    written costs one line on stderr, never the run."""
+    path = root / HINTS_CACHE_PATH
+    try:
+        entries = _read_cache(path)
+    except _CACHE_ERRORS:  # said when the run read it
+        entries = {}
+    for key, outcome in _killed(outcomes):
+        seconds = outcome.seconds if outcome.seconds_to_first_failure is None else outcome.seconds_to_first_failure
+        entries[key] = dict(zip(("component", "mutant", "graph_backend"), key), killing_test=outcome.first_failure,
+                            seconds_to_kill=round(seconds, 1), slow=seconds >= SLOW_KILL_SECONDS)
+    try:
+        _write_if_changed(path.parent / ".gitignore", "# written by python -m harness selfcheck: never committed\n*\n")
+        _write_if_changed(path, json.dumps(
+            {"about": "this machine's selfcheck hints, rewritten by every run (safe to delete): the test that killed "
+                      f"each mutant last and its seconds to kill; slow: {SLOW_KILL_SECONDS:g} s or more, so "
+                      "selfcheck starts the mutant first",
+             "kills": [entries[key] for key in sorted(entries)]}, indent=2) + "\n")
+    except OSError as error:
+        print(f"selfcheck: could not write the hints cache {path} ({error})", file=sys.stderr)
 
 
 def child_environment(*, threads: int | None = None) -> dict[str, str]:
@@ -315,13 +390,14 @@ def run_selfcheck(*, components: list[str], graph_backend: str, device: str, job
     With ``fork_server`` (and where the platform forks, and ``HARNESS_FORK_SERVER`` is not ``0``), the
     mutants' children are forked from one warm process that has imported the libraries they all need
     (:mod:`harness.selfcheck.fork_server`); the references always start as plain processes. Mutants whose last
-    kill was slow (:data:`SLOW_KILL_SECONDS`, from the hint file) start first; where the references run
-    beside the mutants' slots, the mutants run at a lower CPU priority (:data:`MUTANT_NICENESS`)."""
+    kill was slow here (:data:`SLOW_KILL_SECONDS`, from the hints cache :data:`HINTS_CACHE_PATH`) start first,
+    the slowest first; where the references run beside the mutants' slots, the mutants run at a lower CPU
+    priority (:data:`MUTANT_NICENESS`)."""
     placement = resolve(device=device, graph_backend=graph_backend)  # the children get what it resolved to
     device, graph_backend = placement.device_type, placement.graph_backend
     backend = graph_backend
     jobs = jobs or default_jobs(device)
-    hints, slow = read_hints(root), read_slow_kills(root)
+    hints, cached = read_hints(root), read_hints_cache(root)
     references, mutants, skipped = [], [], []
     for component in components:
         registered = impls.implementations(component)
@@ -331,8 +407,13 @@ def run_selfcheck(*, components: list[str], graph_backend: str, device: str, job
                             f"not judged on {backend}: judged on {', '.join(sorted(impl.backends))} only", 0.0, "",
                             impl.bug, None, backend)
                     for impl in registered.values() if impl.kind == "mutant" and not impl.judged_on(backend)]
-    # Started slow kills first (else as registered); reported as registered.
-    start_order = sorted(mutants, key=lambda impl: (impl.component, impl.name, backend) not in slow)
+    # Started: this machine's slow kills first, slowest first (else as registered); reported as registered.
+    def slow_first(impl: impls.Implementation) -> tuple[bool, float]:
+        last = cached.get((impl.component, impl.name, backend), {})
+        slow = last.get("slow") is True
+        return not slow, -last.get("seconds_to_kill", 0.0) if slow else 0.0
+
+    start_order = sorted(mutants, key=slow_first)
     cores = os.cpu_count() or 1
     # Where references are spread over xdist workers they run beside the mutants' slots, not in them:
     # a reference holding a slot for its whole suite would leave the mutants few slots on a GPU machine.
@@ -360,7 +441,7 @@ def run_selfcheck(*, components: list[str], graph_backend: str, device: str, job
     def submit(pool: concurrent.futures.Executor, impl: impls.Implementation) -> Any:
         return reported(pool.submit(
             run_one, impl, graph_backend=graph_backend, device=device, root=root, threads=threads,
-            first=hinted_test(hints, impl.component, impl.name, backend), environment=environment,
+            first=first_tests(hints, cached, impl.component, impl.name, backend), environment=environment,
             test_timeout=test_timeout, process_timeout=process_timeout, fork_server=server,
             niceness=niceness if impl.kind == "mutant" else 0))
 

@@ -1,7 +1,8 @@
 """The kill matrix as a golden: did the committed killing test of each mutant change?
 
-Compares a run with ``golden/selfcheck/kill_matrix.json`` (:data:`harness.selfcheck.HINTS_PATH`) for
-``python -m harness selfcheck --check-kill-matrix``, before selfcheck rewrites the file."""
+Compares a run with ``golden/selfcheck/kill_matrix.json`` (:data:`harness.selfcheck.KILL_MATRIX_PATH`) for
+``python -m harness selfcheck --check-kill-matrix`` (before ``--update-kill-matrix`` rewrites the file), and for
+the one line a plain run prints where a killing test moved."""
 
 from __future__ import annotations
 
@@ -15,13 +16,13 @@ __all__ = ["changes"]
 
 
 def _recorded(root: Path) -> dict[tuple[str, str, str], str]:
-    from harness.selfcheck import HINTS_PATH, read_hints
+    from harness.selfcheck import KILL_MATRIX_PATH, read_hints
 
     try:
         return read_hints(root)
     except (ValueError, KeyError, TypeError) as error:
-        raise GoldenError(f"kill-matrix golden {root / HINTS_PATH} is unreadable ({error!r}); restore it with git "
-                          "or delete it and rerun selfcheck") from None
+        raise GoldenError(f"kill-matrix golden {root / KILL_MATRIX_PATH} is unreadable ({error!r}); restore it with "
+                          "git, or delete it and rerun selfcheck with --update-kill-matrix") from None
 
 
 def changes(root: Path, outcomes: Iterable[Any]) -> list[str]:

@@ -5,10 +5,11 @@ whole suite, a benchmark or a chain of child processes (tens of seconds here, mo
 starts first, at the head of its own xdist worker's share (the GPU check's tests step had stopped at its
 limit waiting for one started last).
 
-``@pytest.mark.slow_child`` (this folder's own marker) marks an end-to-end test whose child processes take a
-minute or more of CPU on 2 cores (the whole packaged suite from an installed wheel). ``pytest tests/`` leaves
-them out where no ``-m`` is given and they are not named by node id; ``.ci/run`` and ``ci.yml`` run them
-(``-m slow_child``, or every test with ``-m "slow_child or not slow_child"``).
+``@pytest.mark.slow_child`` (this folder's own marker) marks an end-to-end test whose child processes run whole
+suites (the packaged suite from an installed wheel, the docs' example commands): together two minutes of CPU
+on 2 cores, a third of the rest of tests/. ``pytest tests/`` leaves
+them out where no ``-m`` is given and they are not named by node id; ``.ci/run``, ``ci.yml`` and the GPU check
+run them (``-m slow_child``, or every test with ``-m "slow_child or not slow_child"``).
 
 Under pytest-xdist (``pytest tests/ -n auto``) the tests are dealt out with ``--dist worksteal`` unless the
 command line names a ``--dist``: each worker starts with a contiguous share whose head holds the long tests
@@ -27,8 +28,8 @@ import pytest
 
 from harness.plugin.xdist_order import order_for_workers
 
-SLOW_CHILD = ("slow_child: an end-to-end test whose child processes take a minute or more of CPU on 2 cores: left "
-              "out of a run of tests/ without -m, run by .ci/run and ci.yml (-m slow_child)")
+SLOW_CHILD = ("slow_child: an end-to-end test whose child processes run whole suites: left out of a run of tests/ "
+              "without -m, run by .ci/run, ci.yml and the GPU check (-m slow_child)")
 
 
 def _dist_given(config: pytest.Config) -> bool:

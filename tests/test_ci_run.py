@@ -43,11 +43,8 @@ def test_the_slow_child_tests_run_in_ci():
     workflow = (ROOT / ".github" / "workflows" / "ci.yml").read_text()
     unit_steps = re.findall(r"^\s*run: (\S*pytest tests/ .*)$", workflow, re.MULTILINE)
     assert len(unit_steps) == 2 and all('-m "slow_child or not slow_child"' in step for step in unit_steps), unit_steps
-    # The GPU check leaves out the CPU-only wheel file, and with no -m the slow_child tests (all in that file).
+    # The GPU check runs every test (the slow_child ones too) but the CPU-only wheel file.
     gpu = (ROOT / ".ci" / "gpu" / "run").read_text()
-    tests_step = re.search(r"command\[tests\]='(.*?)'", gpu, re.DOTALL)[1]
+    tests_step = re.search(r"command\[tests\]='(.*?)'$", gpu, re.DOTALL | re.MULTILINE)[1]
     assert tests_step.rstrip().endswith("--deselect tests/test_wheel.py")
-    assert not re.search(r" -m (?!pytest)", tests_step)
-    slow = [path.name for path in (ROOT / "tests").glob("test_*.py")
-            if re.search(r"^@pytest\.mark\.slow_child$", path.read_text(), re.MULTILINE)]
-    assert slow == ["test_wheel.py"], "a slow_child test outside tests/test_wheel.py: the GPU check must run it"
+    assert '-m "slow_child or not slow_child"' in tests_step

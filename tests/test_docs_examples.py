@@ -103,6 +103,9 @@ def test_every_command_naming_an_example_says_where_the_example_imports_from():
     assert not bare, f"commands that run an example but do not start with {_EXAMPLES_PATH!r}: {bare}"
 
 
+# A whole suite each (a minute of CPU for the three on 2 cores, most of this file's): slow_child, so a plain
+# `pytest tests/` leaves them out (tests/conftest.py); .ci/run, ci.yml and the GPU check run them.
+@pytest.mark.slow_child
 @pytest.mark.long_running
 @pytest.mark.parametrize("doc,spec,command", [pytest.param(doc, spec, commands[0], id=spec)
                                               for doc, spec, commands in _example_commands() if commands])

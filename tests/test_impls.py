@@ -167,3 +167,31 @@ def test_every_registered_implementation_loads(component):
     """Registered mutants skip the smoke call: one too broken to build is for its suite to kill."""
     for name, impl in impls.implementations(component).items():
         assert impls.load(component, name).obj is impl.obj
+
+
+class _GcOffCapturer(GraphCapturer):
+    """Switches the garbage collector off in every capture and never back on: the suites must see that."""
+
+    def capture(self, *args, **kwargs):
+        import gc
+
+        gc.disable()
+        return super().capture(*args, **kwargs)
+
+
+@pytest.mark.parametrize(("component", "candidate"), [
+    ("graphs", _GcOffCapturer),
+])
+def test_the_smoke_call_leaves_no_process_state_behind(component, candidate):
+    """What the start-up smoke call changes is put back, so the first checked call in the suites starts from the
+    caller's state and the oracle sees the change there (a smoke call that left gc off hid the leak)."""
+    import gc
+
+    from harness.graphs.candidate import validate_capturer_factory
+
+    assert gc.isenabled()
+    try:
+        validate_capturer_factory(candidate, f"{component}=test:{candidate.__name__}")
+        assert gc.isenabled()
+    finally:
+        gc.enable()

@@ -35,6 +35,9 @@ def test_strides_are_compared_where_they_address_elements():
     _fails(lambda: X[INDEX].t().contiguous().t(), lambda: X[INDEX], fact="output strides")
     row = torch.ones(1, 3)
     check_call("toy", lambda: row.t().contiguous().t().clone(), lambda: row.clone(), exact=True)  # size-1 dim
+    empty = torch.empty(0, 4, 5)
+    check_call("toy", lambda: empty.clone(), lambda: empty.transpose(1, 2).contiguous().transpose(1, 2),
+               exact=True)  # an empty result: strides address nothing (the compiled gather's empty index, seen)
 
 
 def test_aliasing_an_input_that_eager_does_not_is_caught():

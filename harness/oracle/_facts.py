@@ -16,8 +16,8 @@ __all__ = ["TensorFacts", "tensors_in", "facts_of", "aliases"]
 
 @dataclasses.dataclass(frozen=True)
 class TensorFacts:
-    """The metadata of one tensor a caller can rely on. Strides count only along dimensions longer than one:
-    along the others any stride addresses the same elements, and eager itself picks them freely."""
+    """The metadata of one tensor a caller can rely on. Strides count only along dimensions longer than one, and
+    not at all in an empty tensor: elsewhere any stride addresses the same elements, and eager picks them freely."""
 
     dtype: torch.dtype
     shape: tuple[int, ...]
@@ -30,7 +30,8 @@ class TensorFacts:
 
 
 def facts_of(tensor: torch.Tensor) -> TensorFacts:
-    strides = tuple(stride if size > 1 else None for size, stride in zip(tensor.shape, tensor.stride()))
+    empty = tensor.numel() == 0  # an empty tensor's strides address no element at all
+    strides = tuple(stride if size > 1 and not empty else None for size, stride in zip(tensor.shape, tensor.stride()))
     return TensorFacts(dtype=tensor.dtype, shape=tuple(tensor.shape), strides=strides,
                        contiguous=tensor.is_contiguous(), device_type=tensor.device.type,
                        requires_grad=tensor.requires_grad, is_inference=tensor.is_inference(),

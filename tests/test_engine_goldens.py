@@ -62,9 +62,11 @@ def _goldens(folder: Path) -> list[str]:
     return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*.json")) if folder.is_dir() else []
 
 
-def _change_the_suite(project) -> None:
-    suite = project.path / "suites/demo/test_demo.py"
-    suite.write_text(_SUITE.replace('"segments": 3', '"segments": 4'))
+@pytest.fixture
+def change_the_suite(project, rewrite_module):
+    """Makes the demo test pin another number than its golden holds."""
+    return lambda: rewrite_module(project.path / "suites/demo/test_demo.py",
+                                  _SUITE.replace('"segments": 3', '"segments": 4'))
 
 
 def test_the_option_moves_reads_and_writes_to_the_engine_folder(project):
@@ -109,9 +111,9 @@ def test_a_golden_missing_from_the_engine_folder_fails_naming_it_and_never_reads
     assert not (project.path / "engine-goldens").exists()  # a run without --snapshot-update writes nothing
 
 
-def test_a_failed_golden_hint_names_the_engine_folder(project):
+def test_a_failed_golden_hint_names_the_engine_folder(project, change_the_suite):
     project.runpytest("--snapshot-update", "--golden-dir", "engine-goldens").assert_outcomes(passed=1)
-    _change_the_suite(project)
+    change_the_suite()
     result = project.runpytest("--golden-dir", "engine-goldens")
     result.assert_outcomes(failed=1)
     output = result.stdout.str()
@@ -150,9 +152,9 @@ def test_snapshot_update_into_an_installed_harness_is_refused_in_one_line(projec
     assert _goldens(project.path / "engine-goldens") == [GOLDEN]
 
 
-def test_a_failed_packaged_golden_says_how_to_keep_goldens_of_your_own(project, monkeypatch):
+def test_a_failed_packaged_golden_says_how_to_keep_goldens_of_your_own(project, change_the_suite, monkeypatch):
     project.runpytest("--snapshot-update").assert_outcomes(passed=1)
-    _change_the_suite(project)
+    change_the_suite()
     monkeypatch.setenv("SIMULATE_WHEEL", "here")
     result = project.runpytest_subprocess()
     result.assert_outcomes(failed=1)

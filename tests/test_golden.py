@@ -147,10 +147,10 @@ def test_update_on_an_unchanged_tree_changes_no_file(project):
     project.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)
 
 
-def test_moved_bits_within_tolerance_are_reported_not_rewritten(project):
+def test_moved_bits_within_tolerance_are_reported_not_rewritten(project, rewrite_module):
     project.runpytest("--snapshot-update", "-p", "no:cacheprovider").assert_outcomes(passed=1)
     suite = project.path / "suites/demo/test_demo.py"
-    suite.write_text(_SUITE.replace("[0.0]", "[1e-7]"))
+    rewrite_module(suite, _SUITE.replace("[0.0]", "[1e-7]"))
     path = project.path / "golden/demo/test_demo/test_logits[0.0].json"
     path.rename(path.with_name("test_logits[1e-07].json"))
     before = _golden_files(project.path)
@@ -163,10 +163,10 @@ def test_moved_bits_within_tolerance_are_reported_not_rewritten(project):
     result.stdout.fnmatch_lines(["*test_logits?1e-07?.json logits: bits changed within tolerance (cpu)*"])
 
 
-def test_a_changed_result_shows_a_readable_diff(project):
+def test_a_changed_result_shows_a_readable_diff(project, rewrite_module):
     project.runpytest("--snapshot-update", "-p", "no:cacheprovider")
     suite = project.path / "suites/demo/test_demo.py"
-    suite.write_text(_SUITE.replace('"segments": 3', '"segments": 4'))
+    rewrite_module(suite, _SUITE.replace('"segments": 3', '"segments": 4'))
     result = project.runpytest("-p", "no:cacheprovider")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(['*"segments": 4*'])

@@ -263,6 +263,24 @@ class MetadataFrozen(GraphCapturer):
     session_class = _FrozenMetadataSession
 
 
+def _rebuild_sequences(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return type(value)(_rebuild_sequences(item) for item in value)
+    return value
+
+
+class _RebuiltSequencesSession(_ArgumentsRewritingSession):
+    def keep_arguments(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        return _rebuild_sequences(args), {name: _rebuild_sequences(value) for name, value in kwargs.items()}
+
+
+@MUTANTS.add("list-arguments-rebuilt", bug="each list or tuple argument of a break is rebuilt at capture with the "
+         "same members (tensors stay live, dicts and objects are kept): the break reads the members the caller's "
+         "list had at capture, not the ones it has now (SGLang 0.5.23's _weak_ref_if_tensor)")
+class ListArgumentsRebuilt(GraphCapturer):
+    session_class = _RebuiltSequencesSession
+
+
 # --- what a break returns: how its new output reaches the captured one ------------------------------
 
 

@@ -3,7 +3,8 @@
 A program is a list of steps: captured ops and eager breaks. Each break is drawn from the calling
 conventions engines use (positional and keyword tensors; tensors in lists, tuples and dicts; a
 metadata dataclass and a metadata dict whose tensors *and* Python values the caller refills in place
-between replays) and from the return structures they use (a tensor; ``(out, (k, v))``; a dict with a
+between replays; a list of per-request lengths whose members and number the caller changes in the same
+list object) and from the return structures they use (a tensor; ``(out, (k, v))``; a dict with a
 list and a Python value; dataclasses with and without ``__slots__``; ``None`` after writing a
 KV-cache-like buffer that the next segment reads; the argument itself, updated in place; and outputs
 that hold no tensor at all: a list of Python values, nested containers of them, a list that is empty
@@ -11,7 +12,8 @@ at some refills and not at others, which a later break receives and reads). The 
 hidden state, a dict holding it and the buffers, or a break's output object.
 
 Every refill changes every value a break can read: the tensors, the metadata's Python values (a
-capturer that freezes a container argument's Python values must fail), and the lengths of the
+capturer that freezes a container argument's Python values, or hands the break a copy of the list
+taken at capture, must fail), and the lengths of the
 tensorless outputs.
 
 The oracle is the same program run eagerly on a *twin world*: its own inputs, metadata, buffers and
@@ -43,7 +45,7 @@ pytestmark = pytest.mark.clause("replay-equals-eager")
 
 SEGMENT_OPS = ("add_input", "scale_by_metadata", "add_metadata_dict_bias", "tanh", "matmul", "inplace_mul",
                "gather_rows_by_slots")
-CONVENTIONS = ("positional", "keyword", "list", "tuple", "dict", "metadata_object", "metadata_dict")
+CONVENTIONS = ("positional", "keyword", "list", "tuple", "dict", "metadata_object", "metadata_dict", "metadata_list")
 # python_values, python_nested and python_growing hold no tensor: only a later break can read them.
 RETURNS = ("tensor", "nested", "dict", "object", "slotted", "none", "inplace", "python_values", "python_nested",
            "python_growing")
@@ -103,6 +105,9 @@ class World:
     model: Projection
     metadata: BatchMetadata
     metadata_dict: dict[str, Any]  # {"bias": (width,) tensor, "gain": float}
+    # per-request lengths as a Python list: a refill changes its members and their number, in place (the same
+    # list object), as an engine's scheduler updates the list it hands to an attention break
+    lengths: list[float]
     cache: torch.Tensor  # (rows, width): written only by breaks that return None
     armed_fault: dict[int, str] = dataclasses.field(default_factory=dict)  # break index -> fault, for one replay
 
@@ -136,6 +141,7 @@ def make_world(program: Program, seed: int, device: torch.device) -> World:
         metadata=BatchMetadata(torch.empty(width, device=device), torch.empty(rows, dtype=torch.int64, device=device),
                                0.0, 0),
         metadata_dict={"bias": torch.empty(width, device=device), "gain": 0.0},
+        lengths=[],
         cache=_seeded((rows, width), seed + 600, device),
     )
     refill(world, seed)
@@ -156,11 +162,12 @@ def refill(world: World, seed: int) -> None:
     world.metadata.step = seed
     world.metadata_dict["bias"].copy_(_seeded((width,), seed + 12, device))
     world.metadata_dict["gain"] = 1.5 - (seed % 9973) / 8192
+    world.lengths[:] = [1.0 + (seed % 9973) / 2048] + [0.25] * ((seed // 1000) % 3)
 
 
 def python_values(world: World) -> tuple[Any, ...]:
     """Every Python value a break reads: a refill must change each of them."""
-    return world.metadata.shift, world.metadata.step, world.metadata_dict["gain"]
+    return world.metadata.shift, world.metadata.step, world.metadata_dict["gain"], sum(world.lengths)
 
 
 def _make_break(index: int, convention: str, returns: str, world: World) -> Callable[..., Any]:
@@ -217,9 +224,12 @@ def _make_break(index: int, convention: str, returns: str, world: World) -> Call
     elif convention == "metadata_object":
         def body(h, *, metadata):
             return finish(h, h * metadata.scale + metadata.shift)
-    else:  # metadata_dict
+    elif convention == "metadata_dict":
         def body(h, metadata):
             return finish(h, h * 0.5 + metadata["bias"] * metadata["gain"])
+    else:  # metadata_list
+        def body(h, lengths):
+            return finish(h, h * (0.25 * sum(lengths)) + len(lengths))
 
     body.__qualname__ = f"break{index}_{convention}_returns_{returns}"
     return eager_on_graph(body)
@@ -238,7 +248,9 @@ def _call_break(brk: Callable[..., Any], convention: str, h: torch.Tensor, x: to
         return brk({"hidden": h, "other": x})
     if convention == "metadata_object":
         return brk(h, metadata=world.metadata)
-    return brk(h, world.metadata_dict)
+    if convention == "metadata_dict":
+        return brk(h, world.metadata_dict)
+    return brk(h, world.lengths)
 
 
 def _python_leaves(value: Any) -> list[float]:

@@ -16,6 +16,8 @@ from harness.conformance.clauses import CORE, STRICT, Clause, DocumentedAway
 from harness.errors import HarnessError
 from harness.plugin import child_runs
 
+pytest_plugins = ["pytester"]
+
 ROOT = Path(__file__).resolve().parent.parent
 
 TABLE = (Clause("toy", "stale", CORE, "no stale reads"), Clause("toy", "cast", CORE, "no silent cast"),
@@ -126,6 +128,67 @@ def test_a_report_whose_only_failures_are_documented_away_is_ok():
                                       kind="adapter", engine="", device="cpu", graph_backend="emulated",
                                       environment={}, command="")
     assert report.ok and not report.violations(CORE)
+
+
+def _outside_records() -> list[dict]:
+    """``cast``: one test passes, one fails outside the engine's contract, one fails stepping outside a clause
+    the engine does not document away; ``warm``: its only test fails outside the contract; ``stale`` (documented
+    away): its own failing test stepped outside it too."""
+    def test(n, clause, outcome, outside=()):
+        nodeid = f"suites/toy/test_b.py::test_{n}"
+        extra = {"message": f"AssertionError: test {n}", "example": "", "reproduce": ""} if outcome == "failed" else {}
+        return [{"collected": nodeid, "clause": clause},
+                {"nodeid": nodeid, "when": "setup", "outcome": "passed", "clause": clause},
+                {"nodeid": nodeid, "when": "call", "outcome": outcome, "clause": clause,
+                 **({"outside_contract": list(outside)} if outside else {}), **extra}]
+
+    return [*test(1, "cast", "passed", ["stale"]), *test(2, "cast", "failed", ["stale"]),
+            *test(3, "warm", "failed", ["stale"]), *test(4, "stale", "failed", ["stale"]),
+            *test(5, "raises", "failed", ["reentrant"])]
+
+
+def test_a_failure_outside_the_engines_documented_contract_is_not_counted_against_its_clause(tmp_path):
+    report = conformance.build_report(_outside_records(), TABLE, documented_away=AWAY, component="toy", spec="toy",
+                                      kind="adapter", engine="toy 1.0", device="cpu", graph_backend="emulated",
+                                      environment={}, command="pytest suites/toy")
+    rows = {r.clause: (r.verdict, r.passed, r.failed, [f["nodeid"][-6:] for f in r.outside], r.outside_of)
+            for r in report.results}
+    assert rows == {
+        "cast": ("held", 1, 0, ["test_2"], ["stale"]),  # judged by the test that kept to the contract
+        "warm": ("not judged", 0, 0, ["test_3"], ["stale"]),  # nothing else ran
+        "stale": ("documented away", 0, 1, [], []),  # the documented-away clause's own tests: as before
+        "raises": ("violated", 0, 1, [], []),  # "reentrant" is not documented away: the failure counts
+        "reentrant": ("no test", 0, 0, [], []),
+    }
+    assert report.headline(CORE).startswith("core: all held (1 clauses); documented away by the engine: stale; "
+                                            "not run here: warm (its 1 failing tests used the engine outside")
+    markdown, _ = conformance.write_report(report, tmp_path)
+    written = markdown.read_text()
+    assert "| core | `cast` | held | 1/1 (+1 outside the contract) |" in written
+    assert "### Failed outside the engine's documented contract" in written
+    assert "#### `warm` (core): 1 tests outside `stale`" in written
+    assert "- `test_b.py::test_3`: AssertionError: test 3" in written
+
+
+def test_a_run_records_what_an_adapter_says_a_test_stepped_outside_of(pytester):
+    pytester.makepyfile(test_toy="""
+        from harness.conformance.clauses import outside_contract
+
+        def test_outside():
+            outside_contract("write-back")
+            outside_contract("write-back")
+            assert False
+
+        def test_within():
+            pass
+    """)
+    pytester.runpytest("-p", "harness.conformance.plugin", "-p", "no:cacheprovider",
+                       "--report-log", "log.jsonl").assert_outcomes(passed=1, failed=1)
+    calls = {(entry["nodeid"].rpartition("::")[2]): dict(entry["user_properties"])
+             for entry in map(json.loads, (pytester.path / "log.jsonl").read_text().splitlines())
+             if entry.get("when") == "call"}
+    assert calls["test_outside"]["outside_contract"] == ["write-back"]
+    assert "outside_contract" not in calls["test_within"]  # cleared as the next test starts
 
 
 def test_documenting_away_a_clause_the_table_lacks_is_refused():

@@ -23,6 +23,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import torch
 
 from harness import conformance, impls
 from harness.adapters.vllm import DOCUMENTED_AWAY, VLLM_VERSION, VLLMCapturer
@@ -313,6 +314,13 @@ def test_the_adapter_drives_vllms_capture_with_a_stand_in_cuda_graph(extracted):
     shared = capturer.new_pool()
     capturer.capture(lambda: None, pool=shared, warmup_runs=0)
     print("pool:", log); log.clear()
+    from harness.conformance.clauses import taken_outside
+    print("outside when every break kept to vLLM's contract:", taken_outside(clear=True))
+    @eager_on_graph
+    def fresh(meta):
+        return {"step": meta["step"]}
+    capturer.capture(lambda: fresh(meta), warmup_runs=0)
+    print("outside after a break returned a new object:", taken_outside(clear=True)); log.clear()
 
     @eager_on_graph
     def captures_again():
@@ -339,8 +347,24 @@ def test_the_adapter_drives_vllms_capture_with_a_stand_in_cuda_graph(extracted):
     # returns the capture's output object, as vLLM's usage reads it
     assert lines["replay"] == ("True ['replay 0', 'attention 5', 'inner', 'replay 1', 'sample 5', 'replay 2']")
     assert eval(lines["pool"]) == ["wait", "begin 3 pool 1", "end 3", "wait"]  # a pool given is the one used
+    # a break returning nothing or its own argument keeps to vLLM's contract; a new object steps outside it, and
+    # the conformance report then judges the test under write-back, which vLLM documents away
+    assert lines["outside when every break kept to vLLM's contract"] == "[]"
+    assert lines["outside after a break returned a new object"] == "['write-back']"
     # vLLM's refusals pass through unchanged, and leave no capture active and the collector on
     assert lines["nested"] == ("RuntimeError Nested BreakableCUDAGraphCapture is not supported. | left active: None "
                                "| collector on: True")
     assert lines["host tensor"] == ("RuntimeError Tensor must be on CUDA device | left active: None "
                                     "| collector on: True")
+
+
+def test_a_break_result_keeps_to_vllms_contract_only_when_it_is_nothing_or_an_argument():
+    from harness.adapters.vllm import _within_contract
+
+    h, other = torch.ones(2), torch.ones(2)
+    assert _within_contract(None, (h,))
+    assert _within_contract(h, (h, other)) and _within_contract(other, ([h, other],))  # written in place
+    assert _within_contract(h, ({"hidden": (other, h)},))  # found inside the containers an argument holds
+    assert not _within_contract(h * 2, (h,))  # a new tensor: dropped at replay by vLLM
+    assert _within_contract(h[:1], (h,))  # a view of an argument's memory: the caller's buffer, written in place
+    assert not _within_contract([h], (h,)) and not _within_contract(3, (3.0,))

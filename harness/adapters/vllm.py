@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from harness.conformance.clauses import DocumentedAway
+from harness.conformance.clauses import DocumentedAway, outside_contract
 from harness.errors import ImplementationError, UsageError
 from harness.graphs import GraphBackend, receive_breaks
 
@@ -135,7 +135,31 @@ class _ForwardBreaks:
         result = self._mark(fn)(*args, **kwargs)
         if self._capture.num_eager_breaks > before:
             self.names.append(getattr(fn, "__qualname__", repr(fn)))
+            if not _within_contract(result, (*args, *kwargs.values())):
+                # vLLM's contract: a break writes a caller-provided buffer and its result is dropped at replay
+                # (DOCUMENTED_AWAY, write-back): a test whose break hands back a new object is outside it.
+                outside_contract("write-back")
         return result
+
+
+def _within_contract(result: Any, arguments: tuple[Any, ...]) -> bool:
+    """Whether a break's result keeps to vLLM's documented contract: nothing, or one of its own arguments, or a
+    view of an argument tensor's memory (a buffer it wrote in place), found among the arguments and the lists,
+    tuples and dicts they hold."""
+    if result is None:
+        return True
+    memory = result.untyped_storage().data_ptr() if isinstance(result, torch.Tensor) else None
+    pending = list(arguments)
+    while pending:
+        argument = pending.pop()
+        if argument is result or (memory is not None and isinstance(argument, torch.Tensor)
+                                  and argument.untyped_storage().data_ptr() == memory):
+            return True
+        if isinstance(argument, (list, tuple)):
+            pending.extend(argument)
+        elif isinstance(argument, dict):
+            pending.extend(argument.values())
+    return False
 
 
 class VLLMGraph:

@@ -30,6 +30,9 @@ __all__ = ["ClauseResult", "ConformanceReport", "run_conformance", "build_report
            "format_markdown", "write_report", "documented_away"]
 
 HELD, VIOLATED, NOT_RUN, NO_TEST, DOCUMENTED_AWAY = "held", "violated", "not run", "no test", "documented away"
+# Every test of the clause that ran either passed or failed where the engine's documentation leaves it outside its
+# contract (clauses.outside_contract): nothing is left to judge the clause by.
+NOT_JUDGED = "not judged"
 
 
 @dataclasses.dataclass
@@ -51,6 +54,10 @@ class ClauseResult:
     # For a clause the engine documents away: its quote, where and note (clauses.DocumentedAway); the
     # counts above are its tests' outcomes, shown but not judged (first_failure stays None).
     documented: dict[str, str] | None = None
+    # Failed tests that used the engine outside its documented contract (an adapter's outside_contract): not
+    # counted in ``failed``, not judged; ``outside_of`` names the documented-away clauses they stepped into.
+    outside: list[dict[str, str]] = dataclasses.field(default_factory=list)
+    outside_of: list[str] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -84,7 +91,7 @@ class ConformanceReport:
         if violated:
             consequence = " (results can be wrong)" if tier == _clauses.CORE else ""
             return f"{tier}: VIOLATED{consequence}: {', '.join(r.clause for r in violated)}{away_part}"
-        not_run = [r for r in self.results if r.tier == tier and r.verdict in (NOT_RUN, NO_TEST)]
+        not_run = [r for r in self.results if r.tier == tier and r.verdict in (NOT_RUN, NO_TEST, NOT_JUDGED)]
         held = sum(r.tier == tier and r.verdict == HELD for r in self.results)
         line = f"{tier}: all held ({held} clauses){away_part}"
         if not_run:
@@ -258,8 +265,10 @@ def build_report(records: list[dict[str, Any]], clause_table: tuple[_clauses.Cla
     """Fold the plugin's per-phase records into one row per clause (a test fails if any phase failed).
 
     A clause in ``documented_away`` gets the verdict ``documented away`` whatever its tests found: their
-    counts and failures are kept, ``first_failure`` is not set. Naming a clause the table lacks is a
-    :class:`HarnessError` (a misspelt id would otherwise judge the clause after all)."""
+    counts and failures are kept, ``first_failure`` is not set. A failed test of another clause whose records
+    say it stepped outside one of those clauses (``outside_contract``) is listed in ``outside``, not counted
+    against its clause; a clause left with no other test that ran is ``not judged``. Naming a clause the table
+    lacks is a :class:`HarnessError` (a misspelt id would otherwise judge the clause after all)."""
     away = {entry.clause: entry for entry in documented_away}
     unknown = sorted(set(away) - {clause.id for clause in clause_table})
     if unknown:
@@ -271,6 +280,7 @@ def build_report(records: list[dict[str, Any]], clause_table: tuple[_clauses.Cla
             outcomes.setdefault(record["collected"], {"clause": record["clause"], "outcome": "not run"})
             continue
         test = outcomes.setdefault(record["nodeid"], {"clause": record["clause"], "outcome": "not run"})
+        test.setdefault("outside", set()).update(record.get("outside_contract") or ())
         if record["outcome"] == "failed":
             if test["outcome"] != "failed":
                 test.update(outcome="failed", failure={"nodeid": record["nodeid"], "when": record["when"],
@@ -284,6 +294,9 @@ def build_report(records: list[dict[str, Any]], clause_table: tuple[_clauses.Cla
     results = []
     for clause in clause_table:
         tests = [t for t in outcomes.values() if t["clause"] == clause.id]
+        outside = [] if clause.id in away else [
+            t for t in tests if t["outcome"] == "failed" and t.get("outside", set()) & set(away)]
+        tests = [t for t in tests if t not in outside]
         result = ClauseResult(clause.id, clause.tier, clause.summary, NO_TEST,
                               passed=sum(t["outcome"] == "passed" for t in tests),
                               failed=sum(t["outcome"] == "failed" for t in tests),
@@ -298,9 +311,16 @@ def build_report(records: list[dict[str, Any]], clause_table: tuple[_clauses.Cla
             result.first_failure = result.failures[0]
         elif result.passed:
             result.verdict = HELD
+        elif outside:
+            result.verdict = NOT_JUDGED
+            result.skip_reason = (f"its {len(outside)} failing tests used the engine outside its documented "
+                                  f"contract, and no other test of it ran")
         elif result.skipped:
             result.verdict = NOT_RUN
             result.skip_reason = _short(next(t.get("reason", "") for t in tests if t["outcome"] == "skipped"))
+        if outside:
+            result.outside = [t["failure"] for t in outside]
+            result.outside_of = sorted(set().union(*(t["outside"] & set(away) for t in outside)))
         results.append(result)
     # Core first, then strict; the table's order within each tier.
     results.sort(key=lambda r: r.tier != _clauses.CORE)
@@ -328,7 +348,8 @@ def _title(report: ConformanceReport) -> str:
 
 
 def _tests_passed(result: ClauseResult) -> str:
-    return f"{result.passed}/{result.passed + result.failed + result.skipped}"
+    judged = f"{result.passed}/{result.passed + result.failed + result.skipped}"
+    return f"{judged} (+{len(result.outside)} outside the contract)" if result.outside else judged
 
 
 def _example(result: ClauseResult, *, code: str = "") -> str:
@@ -338,7 +359,7 @@ def _example(result: ClauseResult, *, code: str = "") -> str:
         return _short(f"the engine's documentation: \"{result.documented['quote']}\"")
     if result.first_failure:
         return f"{code}{_test_name(result.first_failure['nodeid'])}{code}: {_first_line(result.first_failure)}"
-    return result.skip_reason if result.verdict == NOT_RUN else ""
+    return result.skip_reason if result.verdict in (NOT_RUN, NOT_JUDGED) else ""
 
 
 def format_text(report: ConformanceReport) -> str:
@@ -390,6 +411,16 @@ def format_markdown(report: ConformanceReport) -> str:
         out += ["", f"#### `{r.clause}` ({r.tier}): {r.summary}", "", f"> {documented.get('quote', '')}", "",
                 f"{documented.get('where', '')}." + (f" {documented['note']}" if documented.get("note") else ""),
                 "", f"Its tests: {r.passed} passed, {r.failed} failed, {r.skipped} skipped."]
+    outside = [r for r in report.results if r.outside]
+    if outside:
+        out += ["", "### Failed outside the engine's documented contract", "",
+                "These tests used the engine where its own documentation leaves it outside its contract (the "
+                "adapter says so as they run) and failed: they are not counted against their clause, which is "
+                "judged by its other tests. A failure among them may have another cause as well."]
+    for r in outside:
+        out += ["", f"#### `{r.clause}` ({r.tier}): {len(r.outside)} tests outside "
+                + ", ".join(f"`{name}`" for name in r.outside_of), ""]
+        out += [f"- `{_test_name(other['nodeid'])}`: {_cell(_first_line(other))}" for other in r.outside]
     violated = [r for r in report.results if r.first_failure]
     if violated:
         out += ["", "### Violations"]

@@ -11,7 +11,8 @@ import dataclasses
 
 from harness.errors import UsageError
 
-__all__ = ["Clause", "CORE", "STRICT", "TIERS", "CLAUSES", "MARKER", "clauses_of", "DocumentedAway"]
+__all__ = ["Clause", "CORE", "STRICT", "TIERS", "CLAUSES", "MARKER", "clauses_of", "DocumentedAway",
+           "outside_contract", "taken_outside"]
 
 CORE, STRICT = "core", "strict"
 TIERS = {
@@ -49,6 +50,31 @@ class DocumentedAway:
     quote: str
     where: str
     note: str = ""
+
+
+# The documented-away clauses the running test has stepped outside of (outside_contract), in this process.
+_outside: list[str] = []
+
+
+def outside_contract(clause: str) -> None:
+    """Say, from an engine adapter, that the running test uses the engine where the engine's own documentation
+    leaves it outside the contract of ``clause``, one of the adapter's :class:`DocumentedAway` entries (a vLLM
+    break that returns a new tensor, where vLLM requires breaks to write a caller-provided buffer).
+
+    A failing test that did so is not counted against its own clause: the report lists it as outside the
+    engine's contract, under ``clause``, and judges its clause by the other tests. Outside a conformance run
+    nothing reads it."""
+    if clause not in _outside:
+        _outside.append(clause)
+
+
+def taken_outside(*, clear: bool = False) -> list[str]:
+    """The clauses :func:`outside_contract` named since the last ``clear`` (the conformance plugin clears it as
+    each test starts)."""
+    named = list(_outside)
+    if clear:
+        _outside.clear()
+    return named
 
 
 def _table(component: str, *rows: tuple[str, str, str]) -> tuple[Clause, ...]:

@@ -1,9 +1,10 @@
 """Pytest plugin of the ``python -m harness conformance`` child process (``-p harness.conformance.plugin``).
 
-Gives each test its nearest ``clause`` marker, and each failed or skipped phase its failure details or
-reason, as user properties, which reach the run's report log (:mod:`harness.plugin.child_runs`); appends
-one JSON line per collected test to the file named by ``HARNESS_CONFORMANCE_RECORD`` (a report log has no
-line for a test that never ran)."""
+Gives each test its nearest ``clause`` marker, each failed or skipped phase its failure details or reason,
+and each phase the documented-away clauses an engine adapter said the test stepped outside of
+(:func:`harness.conformance.clauses.outside_contract`), as user properties, which reach the run's report log
+(:mod:`harness.plugin.child_runs`); appends one JSON line per collected test to the file named by
+``HARNESS_CONFORMANCE_RECORD`` (a report log has no line for a test that never ran)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from harness.conformance.clauses import MARKER
+from harness.conformance.clauses import MARKER, taken_outside
 
 _RECORD = "HARNESS_CONFORMANCE_RECORD"
 # Where hypothesis's falsifying example starts in a failure (the wording moved between versions),
@@ -64,12 +65,19 @@ def failure_details(report: pytest.TestReport) -> dict[str, str]:
             "reproduce": reproduce.group(1).strip() if reproduce else ""}
 
 
+def pytest_runtest_logstart(nodeid: str, location: tuple[str, int | None, str]) -> None:
+    taken_outside(clear=True)  # what an adapter says of this test, not of the one before
+
+
 # Outermost (tryfirst): its part after the yield runs after the harness plugin's, which adds the reproduce line.
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
+    outside = taken_outside()
+    if outside:  # the documented-away clauses an adapter said this test stepped outside of, so far
+        report.user_properties.append(("outside_contract", outside))
     if report.failed:
         report.user_properties.extend(failure_details(report).items())
     elif report.skipped:

@@ -387,10 +387,10 @@ def _program(steps, output: str, *, rows: int = 4, width: int = 3, input_count: 
     return Program(tuple(steps), output, rows, width, input_count)
 
 
-# The clause a case checks: a plain tensor result exercises how the break is called (live-breaks);
-# any other result structure, how it is written back.
+# The clause a case checks: a plain tensor result, or none (the break writes a buffer in place), exercises how
+# the break is called (live-breaks); any other result structure, how it is written back.
 @pytest.mark.parametrize("returns", [pytest.param(returns, marks=pytest.mark.clause(
-    "live-breaks" if returns == "tensor" else "write-back")) for returns in RETURNS])
+    "live-breaks" if returns in ("tensor", "none") else "write-back")) for returns in RETURNS])
 @pytest.mark.parametrize("convention", CONVENTIONS)
 def test_every_calling_convention_and_return_structure(graph_oracle, device, convention, returns):
     """The whole cross product, once each: a break between segments, its output the function's output

@@ -288,12 +288,16 @@ _STAND_IN_CUDA = """
 @needs_wheel
 def test_the_adapter_drives_vllms_capture_with_a_stand_in_cuda_graph(extracted):
     result = _python(_STAND_IN_CUDA + """
+    from harness.graphs import is_capturing
+    seen = []  # what is_capturing() says in the forward and in each break body
     @eager_on_graph
     def inner(meta):
         log.append("inner")
+        seen.append(("inner", is_capturing()))
     @eager_on_graph
     def attention(meta):
         log.append(f"attention {meta['step']}")
+        seen.append(("attention", is_capturing()))
         inner(meta)  # a break inside a break body: inline, not a break of its own
         return meta
     @eager_on_graph
@@ -302,12 +306,14 @@ def test_the_adapter_drives_vllms_capture_with_a_stand_in_cuda_graph(extracted):
     meta = {"step": 0}
     def forward():
         log.append("forward")
+        seen.append(("forward", is_capturing()))
         attention(meta)
         sample(meta)
         return meta
     capturer = VLLMCapturer(CudaBackend())
     graph = capturer.capture(forward, pool=None, warmup_runs=2)
     print("capture:", log); log.clear()
+    print("seen:", seen)
     print("graph:", graph.segment_count, graph.break_count, graph.break_names)
     meta["step"] = 5
     print("replay:", graph.replay() is meta is graph.output, log); log.clear()
@@ -342,6 +348,9 @@ def test_the_adapter_drives_vllms_capture_with_a_stand_in_cuda_graph(extracted):
     assert eval(lines["capture"]) == (
         ["wait"] + ["forward", "attention 0", "inner", "sample 0"] * 2 + ["sync", "begin 0 pool 0", "forward",
          "end 0", "attention 0", "inner", "begin 1 pool 0", "end 1", "sample 0", "begin 2 pool 0", "end 2", "wait"])
+    # is_capturing(): in the forward while the capture runs, never inside a break body (warm-ups: no capture)
+    assert eval(lines["seen"]) == [("forward", False), ("attention", False), ("inner", False)] * 2 + [
+        ("forward", True), ("attention", False), ("inner", False)]
     assert lines["graph"] == "3 2 ['attention', 'sample']"  # vLLM's own counts, the names of its breaks
     # vLLM's replay: segments and breaks in capture order, each break with this replay's state; replay()
     # returns the capture's output object, as vLLM's usage reads it

@@ -36,6 +36,8 @@ class BreakReceiver(Protocol):
 class _InlineBreaks:
     """The receiver of a break body: breaks called from it run inline, yet a capture is in progress."""
 
+    in_break_body = True  # is_capturing() is False here; a capturer's own receiver for a break body may say so too
+
     def run_break(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return fn(*args, **kwargs)
 
@@ -87,9 +89,10 @@ def current_break_receiver() -> BreakReceiver | None:
 
 
 def is_capturing() -> bool:
-    """True while a capture (not a break body inside it) is running in this context."""
+    """True while a capture (not a break body inside it) is running in this context: a receiver is active and
+    it is not one for a break body (:data:`INLINE_BREAKS`, or any receiver with ``in_break_body = True``)."""
     receiver = _RECEIVER.get()
-    return receiver is not None and receiver is not INLINE_BREAKS
+    return receiver is not None and not getattr(receiver, "in_break_body", False)
 
 
 def eager_on_graph(fn: F | None = None, *, enable: bool = True) -> Any:

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from harness.errors import ImplementationError, UsageError
-from harness.graphs import GraphBackend, receive_breaks
+from harness.graphs import EngineBreakBody, GraphBackend, receive_breaks
 
 __all__ = ["SGLANG_VERSION", "SGLangCapturer", "SGLangGraph", "load_capturer", "load_gather", "engine_version"]
 
@@ -69,7 +69,9 @@ class _ForwardBreaks:
 
     def run_break(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         self.names.append(getattr(fn, "__qualname__", repr(fn)))
-        return self._mark(fn)(*args, **kwargs)
+        # The body runs as a break body for the harness (is_capturing() is False there); a break it calls goes to
+        # SGLang's decorator, whose nesting rule is SGLang's.
+        return self._mark(EngineBreakBody(self._mark).wrap(fn))(*args, **kwargs)
 
 
 class SGLangGraph:

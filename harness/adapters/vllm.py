@@ -17,7 +17,6 @@ bridges, ``docs/conformance/README.md`` how the report is recorded."""
 
 from __future__ import annotations
 
-import functools
 import gc
 import importlib
 import importlib.metadata
@@ -30,7 +29,7 @@ import torch
 
 from harness.conformance.clauses import DocumentedAway, outside_contract
 from harness.errors import ImplementationError, UsageError
-from harness.graphs import GraphBackend, receive_breaks
+from harness.graphs import EngineBreakBody, GraphBackend, receive_breaks
 
 __all__ = ["VLLM_VERSION", "VLLMCapturer", "VLLMGraph", "DOCUMENTED_AWAY", "load_capturer", "engine_version"]
 
@@ -133,7 +132,7 @@ class _ForwardBreaks:
 
     def run_break(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         before = self._capture.num_eager_breaks
-        result = self._mark(_BreakBody(self._mark).wrap(fn))(*args, **kwargs)
+        result = self._mark(EngineBreakBody(self._mark).wrap(fn))(*args, **kwargs)
         if self._capture.num_eager_breaks > before:
             self.names.append(getattr(fn, "__qualname__", repr(fn)))
             if not _within_contract(result, (*args, *kwargs.values())):
@@ -141,27 +140,6 @@ class _ForwardBreaks:
                 # (DOCUMENTED_AWAY, write-back): a test whose break hands back a new object is outside it.
                 outside_contract("write-back")
         return result
-
-
-class _BreakBody:
-    """The harness's receiver while a break body runs: is_capturing() is False there (in_break_body), and a
-    break the body calls still goes to vLLM's decorator, which runs it inline (vLLM's own nesting rule)."""
-
-    in_break_body = True
-
-    def __init__(self, mark: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
-        self._mark = mark
-
-    def run_break(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        return self._mark(fn)(*args, **kwargs)
-
-    def wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(fn)
-        def body(*args: Any, **kwargs: Any) -> Any:
-            with receive_breaks(self):
-                return fn(*args, **kwargs)
-
-        return body
 
 
 def _within_contract(result: Any, arguments: tuple[Any, ...]) -> bool:

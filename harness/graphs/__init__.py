@@ -29,7 +29,13 @@ from harness.graphs._breakable import (
 from harness.graphs._capture_rules import HOST_SYNC_OPS, check_capturable
 from harness.graphs._cuda import CudaBackend
 from harness.graphs._emulated import EmulatedBackend
-from harness.graphs._seam import INLINE_BREAKS, BreakReceiver, current_break_receiver, receive_breaks
+from harness.graphs._seam import (
+    INLINE_BREAKS,
+    BreakReceiver,
+    EngineBreakBody,
+    current_break_receiver,
+    receive_breaks,
+)
 
 __all__ = [
     "BACKEND_NAMES",
@@ -49,6 +55,7 @@ __all__ = [
     "receive_breaks",
     "BreakReceiver",
     "INLINE_BREAKS",
+    "EngineBreakBody",
     "current_break_receiver",
     "write_back",
     "copy_tensor",

@@ -13,6 +13,7 @@ from typing import Any, Protocol, TypeVar, cast, runtime_checkable
 __all__ = [
     "BreakReceiver",
     "INLINE_BREAKS",
+    "EngineBreakBody",
     "receive_breaks",
     "current_break_receiver",
     "eager_on_graph",
@@ -81,6 +82,28 @@ class receive_breaks:  # noqa: N801 - a context manager named for what its block
         token, self._token = self._token, None
         if token is not None:
             _RECEIVER.reset(token)
+
+
+class EngineBreakBody:
+    """The receiver an engine adapter installs while the engine runs a break body (``wrap(fn)`` is that body):
+    :func:`is_capturing` is False there, and a break the body calls goes to ``mark(fn)``, the engine's own
+    break decorator, so that the engine's nesting rule decides what a break inside a break does."""
+
+    in_break_body = True
+
+    def __init__(self, mark: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+        self._mark = mark
+
+    def run_break(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        return self._mark(fn)(*args, **kwargs)
+
+    def wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def body(*args: Any, **kwargs: Any) -> Any:
+            with receive_breaks(self):
+                return fn(*args, **kwargs)
+
+        return body
 
 
 def current_break_receiver() -> BreakReceiver | None:

@@ -119,7 +119,8 @@ def test_every_other_file_is_a_stand_in_listed_with_the_wheels_digest(extracted)
         assert docstring.startswith('"""Stand-in (harness .ci/gpu/extract-vllm) for '), name
     for name in script.EXTRACTED:
         assert f"- `{name}`" in listing.split("Stand-ins", 1)[0]
-    assert "Installed modules these files import: `regex`, `torch`." in listing
+    # harness: the weak_ref_tensor stand-in reports itself to the conformance report where the harness is installed
+    assert "Installed modules these files import: `harness`, `regex`, `torch`." in listing
 
 
 @needs_wheel
@@ -320,13 +321,15 @@ def test_the_adapter_drives_vllms_capture_with_a_stand_in_cuda_graph(extracted):
     shared = capturer.new_pool()
     capturer.capture(lambda: None, pool=shared, warmup_runs=0)
     print("pool:", log); log.clear()
-    from harness.conformance.clauses import taken_outside
-    print("outside when every break kept to vLLM's contract:", taken_outside(clear=True))
+    from harness.conformance.clauses import running_test_notes
+    print("outside when every break kept to vLLM's contract:",
+          running_test_notes(clear=True).get("outside_contract", []))
     @eager_on_graph
     def fresh(meta):
         return {"step": meta["step"]}
     capturer.capture(lambda: fresh(meta), warmup_runs=0)
-    print("outside after a break returned a new object:", taken_outside(clear=True)); log.clear()
+    print("outside after a break returned a new object:", running_test_notes(clear=True).get("outside_contract"))
+    log.clear()
 
     @eager_on_graph
     def captures_again():
@@ -377,3 +380,26 @@ def test_a_break_result_keeps_to_vllms_contract_only_when_it_is_nothing_or_an_ar
     assert not _within_contract(h * 2, (h,))  # a new tensor: dropped at replay by vLLM
     assert _within_contract(h[:1], (h,))  # a view of an argument's memory: the caller's buffer, written in place
     assert not _within_contract([h], (h,)) and not _within_contract(3, (3.0,))
+
+
+@needs_wheel
+def test_the_weak_ref_stand_in_says_a_test_rests_on_it(extracted):
+    """The conformance report marks a clause whose tests reached a stand-in: the stand-in says so where it stands
+    in for vLLM's op (a tensor that reports CUDA stands for a CUDA one here), not for what it passes through."""
+    result = _python("""
+        import torch
+        from harness.conformance.clauses import running_test_notes
+        from vllm.utils.torch_utils import weak_ref_tensor, weak_ref_tensors
+
+        class ReportsCuda(torch.Tensor):
+            is_cuda = property(lambda self: True)
+
+        weak_ref_tensors([None, torch.zeros(0), 3])  # passed through before the op would be called
+        print("passed through:", running_test_notes(clear=True))
+        weak_ref_tensor(torch.zeros(3).as_subclass(ReportsCuda))
+        print("aliased:", running_test_notes(clear=True))
+    """, path=extracted)
+    lines = dict(line.partition(": ")[::2] for line in result.stdout.splitlines())
+    assert lines.get("passed through") == "{}", result.stdout + result.stderr
+    assert eval(lines["aliased"]) == {"stand_ins": [
+        "vllm.utils.torch_utils.weak_ref_tensor (an unowned alias built in Python, for vLLM's compiled op)"]}

@@ -58,6 +58,10 @@ class ClauseResult:
     # counted in ``failed``, not judged; ``outside_of`` names the documented-away clauses they stepped into.
     outside: list[dict[str, str]] = dataclasses.field(default_factory=list)
     outside_of: list[str] = dataclasses.field(default_factory=list)
+    # The stand-ins (for engine modules that cannot be imported here) that ``on_stand_ins`` of the counted tests
+    # reached (clauses.rests_on_stand_in): the verdict rests on them as much as on the engine's code.
+    stand_ins: list[str] = dataclasses.field(default_factory=list)
+    on_stand_ins: int = 0
 
 
 @dataclasses.dataclass
@@ -267,7 +271,8 @@ def build_report(records: list[dict[str, Any]], clause_table: tuple[_clauses.Cla
     A clause in ``documented_away`` gets the verdict ``documented away`` whatever its tests found: their
     counts and failures are kept, ``first_failure`` is not set. A failed test of another clause whose records
     say it stepped outside one of those clauses (``outside_contract``) is listed in ``outside``, not counted
-    against its clause; a clause left with no other test that ran is ``not judged``. Naming a clause the table
+    against its clause; a clause left with no other test that ran is ``not judged``. A clause whose counted tests
+    reached stand-ins (``rests_on_stand_in``) names them in ``stand_ins``. Naming a clause the table
     lacks is a :class:`HarnessError` (a misspelt id would otherwise judge the clause after all)."""
     away = {entry.clause: entry for entry in documented_away}
     unknown = sorted(set(away) - {clause.id for clause in clause_table})
@@ -281,6 +286,7 @@ def build_report(records: list[dict[str, Any]], clause_table: tuple[_clauses.Cla
             continue
         test = outcomes.setdefault(record["nodeid"], {"clause": record["clause"], "outcome": "not run"})
         test.setdefault("outside", set()).update(record.get("outside_contract") or ())
+        test.setdefault("stand_ins", set()).update(record.get("stand_ins") or ())
         if record["outcome"] == "failed":
             if test["outcome"] != "failed":
                 test.update(outcome="failed", failure={"nodeid": record["nodeid"], "when": record["when"],
@@ -318,6 +324,9 @@ def build_report(records: list[dict[str, Any]], clause_table: tuple[_clauses.Cla
         elif result.skipped:
             result.verdict = NOT_RUN
             result.skip_reason = _short(next(t.get("reason", "") for t in tests if t["outcome"] == "skipped"))
+        on_stand_ins = [t for t in tests if t.get("stand_ins") and t["outcome"] in ("passed", "failed")]
+        result.on_stand_ins = len(on_stand_ins)
+        result.stand_ins = sorted(set().union(*(t["stand_ins"] for t in on_stand_ins)))
         if outside:
             result.outside = [t["failure"] for t in outside]
             result.outside_of = sorted(set().union(*(t["outside"] & set(away) for t in outside)))
@@ -376,6 +385,10 @@ def format_text(report: ConformanceReport) -> str:
         documented = r.documented or {}
         lines.append(f"\ndocumented away {r.clause}: \"{documented.get('quote', '')}\" ({documented.get('where', '')})"
                      + (f"; {documented['note']}" if documented.get("note") else ""))
+    for r in report.results:
+        if r.stand_ins:
+            lines.append(f"\nrests on stand-ins: {r.clause} ({r.on_stand_ins} of {r.passed + r.failed} tests): "
+                         + "; ".join(r.stand_ins))
     if report.unclassified:
         lines.append(f"\n{len(report.unclassified)} tests name no clause of {report.component} "
                      f"(harness/conformance/clauses.py): " + ", ".join(report.unclassified[:5]))
@@ -400,6 +413,7 @@ def format_markdown(report: ConformanceReport) -> str:
            "| --- | --- | --- | --- | --- |"]
     for r in report.results:
         verdict = f"**{r.verdict}**" if r.verdict == VIOLATED else r.verdict
+        verdict += " (rests on stand-ins)" if r.stand_ins else ""
         out.append(f"| {r.tier} | `{r.clause}` | {verdict} | {_tests_passed(r)} | {_cell(_example(r, code='`'))} |")
     away = report.documented_away()
     if away:
@@ -411,6 +425,14 @@ def format_markdown(report: ConformanceReport) -> str:
         out += ["", f"#### `{r.clause}` ({r.tier}): {r.summary}", "", f"> {documented.get('quote', '')}", "",
                 f"{documented.get('where', '')}." + (f" {documented['note']}" if documented.get("note") else ""),
                 "", f"Its tests: {r.passed} passed, {r.failed} failed, {r.skipped} skipped."]
+    on_stand_ins = [r for r in report.results if r.stand_ins]
+    if on_stand_ins:
+        out += ["", "### Verdicts that rest on stand-ins", "",
+                "These clauses' tests reached stand-ins for engine modules that cannot be imported here (each "
+                "stand-in's docstring says what it replaces and how it differs): their verdicts rest on the "
+                "stand-ins as much as on the engine's code.", ""]
+        out += [f"- `{r.clause}` ({r.on_stand_ins} of {r.passed + r.failed} tests): " + "; ".join(r.stand_ins)
+                for r in on_stand_ins]
     outside = [r for r in report.results if r.outside]
     if outside:
         out += ["", "### Failed outside the engine's documented contract", "",

@@ -12,7 +12,7 @@ import dataclasses
 from harness.errors import UsageError
 
 __all__ = ["Clause", "CORE", "STRICT", "TIERS", "CLAUSES", "MARKER", "clauses_of", "DocumentedAway",
-           "outside_contract", "taken_outside"]
+           "outside_contract", "rests_on_stand_in", "running_test_notes"]
 
 CORE, STRICT = "core", "strict"
 TIERS = {
@@ -52,8 +52,14 @@ class DocumentedAway:
     note: str = ""
 
 
-# The documented-away clauses the running test has stepped outside of (outside_contract), in this process.
-_outside: list[str] = []
+# What engine adapters and stand-ins said of the running test, in this process: the documented-away clauses it
+# stepped outside of (outside_contract) and the stand-ins it reached (rests_on_stand_in).
+_NOTES: dict[str, list[str]] = {"outside_contract": [], "stand_ins": []}
+
+
+def _note(kind: str, text: str) -> None:
+    if text not in _NOTES[kind]:
+        _NOTES[kind].append(text)
 
 
 def outside_contract(clause: str) -> None:
@@ -64,17 +70,24 @@ def outside_contract(clause: str) -> None:
     A failing test that did so is not counted against its own clause: the report lists it as outside the
     engine's contract, under ``clause``, and judges its clause by the other tests. Outside a conformance run
     nothing reads it."""
-    if clause not in _outside:
-        _outside.append(clause)
+    _note("outside_contract", clause)
 
 
-def taken_outside(*, clear: bool = False) -> list[str]:
-    """The clauses :func:`outside_contract` named since the last ``clear`` (the conformance plugin clears it as
-    each test starts)."""
-    named = list(_outside)
+def rests_on_stand_in(what: str) -> None:
+    """Say, from a stand-in for an engine module (one an extraction script wrote in place of code that cannot
+    be imported here), that the running test reached it: ``what`` names the stand-in and what it replaces. The
+    report marks every clause whose verdict rests on tests that did. Outside a conformance run nothing reads it."""
+    _note("stand_ins", what)
+
+
+def running_test_notes(*, clear: bool = False) -> dict[str, list[str]]:
+    """What :func:`outside_contract` and :func:`rests_on_stand_in` said since the last ``clear``, by kind, the
+    empty kinds left out (the conformance plugin clears them as each test starts)."""
+    notes = {kind: list(texts) for kind, texts in _NOTES.items() if texts}
     if clear:
-        _outside.clear()
-    return named
+        for texts in _NOTES.values():
+            texts.clear()
+    return notes
 
 
 def _table(component: str, *rows: tuple[str, str, str]) -> tuple[Clause, ...]:

@@ -1,10 +1,11 @@
 """Pytest plugin of the ``python -m harness conformance`` child process (``-p harness.conformance.plugin``).
 
 Gives each test its nearest ``clause`` marker, each failed or skipped phase its failure details or reason,
-and each phase the documented-away clauses an engine adapter said the test stepped outside of
-(:func:`harness.conformance.clauses.outside_contract`), as user properties, which reach the run's report log
-(:mod:`harness.plugin.child_runs`); appends one JSON line per collected test to the file named by
-``HARNESS_CONFORMANCE_RECORD`` (a report log has no line for a test that never ran)."""
+and each phase the documented-away clauses an engine adapter said the test stepped outside of and the
+stand-ins it reached (:func:`harness.conformance.clauses.outside_contract`, ``rests_on_stand_in``), as user
+properties, which reach the run's report log (:mod:`harness.plugin.child_runs`); appends one JSON line per
+collected test to the file named by ``HARNESS_CONFORMANCE_RECORD`` (a report log has no line for a test that
+never ran)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from harness.conformance.clauses import MARKER, taken_outside
+from harness.conformance.clauses import MARKER, running_test_notes
 
 _RECORD = "HARNESS_CONFORMANCE_RECORD"
 # Where hypothesis's falsifying example starts in a failure (the wording moved between versions),
@@ -66,7 +67,7 @@ def failure_details(report: pytest.TestReport) -> dict[str, str]:
 
 
 def pytest_runtest_logstart(nodeid: str, location: tuple[str, int | None, str]) -> None:
-    taken_outside(clear=True)  # what an adapter says of this test, not of the one before
+    running_test_notes(clear=True)  # what adapters and stand-ins say of this test, not of the one before
 
 
 # Outermost (tryfirst): its part after the yield runs after the harness plugin's, which adds the reproduce line.
@@ -75,9 +76,8 @@ def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
-    outside = taken_outside()
-    if outside:  # the documented-away clauses an adapter said this test stepped outside of, so far
-        report.user_properties.append(("outside_contract", outside))
+    # the documented-away clauses this test stepped outside of so far, the stand-ins it reached
+    report.user_properties.extend(running_test_notes().items())
     if report.failed:
         report.user_properties.extend(failure_details(report).items())
     elif report.skipped:

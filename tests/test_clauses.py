@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,11 @@ from harness.conformance import clauses
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPONENTS = sorted(clauses.CLAUSES)
+
+
+def test_every_component_declares_its_clauses():
+    # A component without a table has no conformance report, and its suite's markers would go unchecked.
+    assert sorted(components.component_names()) == COMPONENTS
 
 
 @pytest.mark.parametrize("component", COMPONENTS)
@@ -31,6 +37,15 @@ def test_the_doc_states_every_clause_with_its_tier(component):
     doc = (ROOT / components.get_component(component).doc).read_text()
     missing = [f"[`{c.id}`, {c.tier}]" for c in clauses.clauses_of(component) if f"[`{c.id}`, {c.tier}]" not in doc]
     assert not missing, f"{components.get_component(component).doc} lacks these clause tags: {missing}"
+
+
+@pytest.mark.parametrize("component", COMPONENTS)
+def test_every_clause_tag_in_the_doc_is_in_the_table(component):
+    path = components.get_component(component).doc
+    table = {(c.id, c.tier) for c in clauses.clauses_of(component)}
+    tags = set(re.findall(rf"\[`([\w-]+)`, ({clauses.CORE}|{clauses.STRICT})\]", (ROOT / path).read_text()))
+    stale = sorted(f"[`{clause_id}`, {tier}]" for clause_id, tier in tags - table)
+    assert not stale, f"{path} tags clauses the table lacks, or gives them another tier: {stale}"
 
 
 @pytest.fixture(scope="module")

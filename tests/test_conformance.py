@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from harness import cli, conformance
+from harness.conformance import clauses
 from harness.conformance.clauses import CORE, STRICT, Clause, DocumentedAway
 from harness.errors import HarnessError
 from harness.plugin import child_runs
@@ -255,6 +256,20 @@ def test_a_run_of_a_mutant_reports_the_clause_it_breaks(tmp_path):
     assert rerun.returncode == 1 and "1 failed" in rerun.stdout, rerun.stdout[-3000:] + rerun.stderr[-2000:]
 
 
+def test_a_run_of_a_runner_mutant_reports_the_clause_it_breaks():
+    """End to end on part of the runner suite: a runner whose forward stays patched after a BaseException."""
+    report = conformance.run_conformance(
+        component="runner", spec="mutant:restore-on-exception-only", device="cpu", graph_backend="emulated",
+        root=ROOT, extra_args=["-k", "test_forward_restored_after or test_bad_buckets_are_refused"])
+    rows = {r.clause: (r.verdict, r.passed, r.failed) for r in report.results}
+    assert rows["forward-restored"] == ("violated", 2, 1) and rows["bucket-errors"] == ("held", 3, 0)
+    assert rows["replay-equals-eager"] == ("no test", 0, 0) and not report.unclassified
+    failure = next(r for r in report.results if r.clause == "forward-restored").first_failure
+    assert failure["nodeid"].endswith("test_forward_restored_after_an_error_and_runner_still_usable[BaseException]")
+    assert "--impl runner=mutant:restore-on-exception-only" in failure["reproduce"]
+    assert report.headline(CORE) == "core: VIOLATED (results can be wrong): forward-restored"
+
+
 # The first reproduce line as the H200 recorded it in docs/conformance/sglang-0.5.23-gather.md, before lines were
 # made portable; the second with a virtual environment's site-packages on PYTHONPATH.
 H200_LINES = [
@@ -316,9 +331,11 @@ def test_a_bad_spec_is_one_line_before_any_suite_runs(capsys):
     assert capsys.readouterr().err.count("\n") == 1
 
 
-@pytest.mark.parametrize("spec", ["runner=reference"])
-def test_a_component_without_clauses_is_refused(capsys, spec):
-    assert cli.main(["conformance", "--impl", spec]) == 2
+def test_a_component_without_clauses_is_refused(capsys, monkeypatch):
+    # Every component of the table declares its clauses (tests/test_clauses.py); one added without them is refused
+    # before its suite runs.
+    monkeypatch.delitem(clauses.CLAUSES, "runner")
+    assert cli.main(["conformance", "--impl", "runner=reference"]) == 2
     assert "no contract clauses are declared for 'runner'" in capsys.readouterr().err
 
 

@@ -148,6 +148,67 @@ CLAUSES: dict[str, tuple[Clause, ...]] = {
                                     "graphs and never falls back to eager"),
         ("launch-promise", STRICT, "a declared promised_kernel_launches holds on CUDA"),
     ),
+    "runner": _table(
+        "runner",
+        ("replay-equals-eager", CORE, "a replay equals the model run eagerly under no_grad on the same batch (bitwise "
+                                      "at the bucket's padded shapes where harness.compare.bitwise_expected holds), "
+                                      "for every zoo model and dtype and the transformers architectures"),
+        ("several-requests", CORE, "a graph captured with a one-request dummy serves batches of several requests: "
+                                   "each request's outputs equal eager's whatever the split of the tokens, its "
+                                   "batchmates and its place among them"),
+        ("buckets-and-padding", CORE, "a batch replays in the smallest bucket holding every row it carries (padding "
+                                      "it arrived with included), buckets given in any order, and its per-token "
+                                      "outputs are cut to its real tokens; a batch no bucket holds runs eagerly"),
+        ("hidden-states", CORE, "hidden mode none hands out no hidden states, last one row per request and full one "
+                                "per token, equal to eager's selection"),
+        ("stack-arguments", CORE, "the static inputs are filled from the arguments the outer model passes the layer "
+                                  "stack at this call, not from the batch: shifted positions, keyword side inputs "
+                                  "and tensors inside lists and dicts reach the graph"),
+        ("frozen-arguments", CORE, "a stack argument the graph froze (a Python value other than the capture's, a "
+                                   "tensor where the capture saw None) is refused with a HarnessError or run "
+                                   "eagerly, never replayed with the capture's value"),
+        ("outputs-owned", CORE, "outputs are the caller's: cut and copied whatever their structure (dataclass, dict, "
+                                "tuple), an exact fill of a bucket included, so later replays never overwrite them"),
+        ("no-grad", CORE, "capture, replay and the eager fallback run without autograd whatever the caller's mode "
+                          "(grad, no_grad, inference_mode) and whichever mode built the runner; outputs carry "
+                          "eager's autograd metadata (no grad_fn)"),
+        ("forward-restored", CORE, "layer_model.forward is what it was at the call after every call, also after an "
+                                   "Exception or a BaseException from the outer forward (on every rank under tensor "
+                                   "parallelism), and the runner stays usable"),
+        ("runs-once", CORE, "per call the graph replays once and the real layer forward never runs; the logits "
+                            "processor and hooks on the layer module run once in Python, and hooks on decoder layers "
+                            "replay their captured work once, as eagerly"),
+        ("decode-steps", CORE, "paged-KV decode and speculative verify loops equal their eager twin after every step "
+                               "(tokens, logits, hidden states, the relay, the whole KV cache), each step replaying "
+                               "exactly once"),
+        ("tensor-parallel", CORE, "on a tensor-parallel model every rank replays the bucket of the group's largest "
+                                  "arrival (or every rank runs eagerly) and equals eager on its shard and the "
+                                  "unsharded model, the ranks bitwise equal"),
+        ("lifecycle", CORE, "over any sequence of calls, errors, nested calls, another instance running inside a "
+                            "replay, forward wrappers changed and weights updated in place, every call equals eager, "
+                            "earlier outputs keep their values, the layer module's dicts are as the user left them "
+                            "and no forward context stays published"),
+        ("discovery", CORE, "discovery picks the module that owns the decoder-layer list and returns hidden states "
+                            "(each zoo layout's and architecture's known path, never a modality tower) and says when "
+                            "it fell back"),
+        ("fell-back-graph", CORE, "after a discovery fallback the whole-model graph replays only batches like its "
+                                  "dummy capture (one request, hidden mode none, last-token logits); any other batch "
+                                  "runs eagerly and replay() refuses it"),
+        ("discovery-reported", STRICT, "a fallback or a stack found only by searching warns (a UserWarning naming the "
+                                       "model's class and the paths tried), a found stack does not; "
+                                       "strict_discovery=True raises DiscoveryError instead"),
+        ("bucket-errors", STRICT, "bad buckets (none, zero or negative, repeated) raise BucketError at construction; "
+                                  "bucket_for and replay raise BucketError naming the count no bucket holds"),
+        ("not-reentrant", STRICT, "run and replay called from inside a replay raise ReplayError, and the outer "
+                                  "replay still returns eager values"),
+        ("accounting", STRICT, "stats count the captures and one replay (by bucket) or one eager fallback per call; "
+                               "capture_plan() gives each bucket's segments and breaks as the model's structure "
+                               "fixes them"),
+        ("layer-outputs", STRICT, "a runner offering layer_outputs records one output per decoder layer in every "
+                                  "bucket at its padded shape, equal to eager's layer by layer"),
+        ("rank-errors-raise", STRICT, "an error on one rank fails the step on every rank within its deadline, "
+                                      "naming each rank's fate, with every rank's forward restored: no rank hangs"),
+    ),
 }
 
 

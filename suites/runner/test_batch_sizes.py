@@ -34,6 +34,8 @@ CASES = [
     ("moe", torch.bfloat16),
     ("dense", torch.float16),
 ]
+pytestmark = pytest.mark.clause("replay-equals-eager")
+
 MODES = st.sampled_from(["none", "last", "full"])
 CALLING = st.sampled_from(CALLING_MODES)
 SEEDS = st.integers(0, 2**16)
@@ -76,6 +78,7 @@ def test_replay_matches_eager(zoo_runner, check_run, device, case, lengths, seed
     _assert_one_call_counted(runner, batch, bucket, before)
 
 
+@pytest.mark.clause("buckets-and-padding")
 @pytest.mark.parametrize("total", BUCKET_EDGES)
 def test_bucket_edges_replay_in_the_smallest_bucket(zoo_runner, check_run, device, total):
     model, runner = zoo_runner("dense")
@@ -88,6 +91,7 @@ def test_bucket_edges_replay_in_the_smallest_bucket(zoo_runner, check_run, devic
         _assert_one_call_counted(runner, batch, bucket, before)
 
 
+@pytest.mark.clause("buckets-and-padding")
 def test_past_the_largest_bucket_runs_eagerly(zoo_runner, check_run, device):
     model, runner = zoo_runner("dense")
     batch = make_batch("dense", [MAX_TOKENS - 3, 4], seed=7, dtype=torch.float32, device=device, hidden_mode="last")
@@ -101,6 +105,7 @@ def test_past_the_largest_bucket_runs_eagerly(zoo_runner, check_run, device):
     _assert_one_call_counted(runner, batch, None, before)
 
 
+@pytest.mark.clause("several-requests")
 @given(data=st.data(), total=st.integers(2, MAX_TOKENS), seed=SEEDS, calling=CALLING)
 def test_equal_totals_with_different_splits(zoo_runner, check_run, device, data, total, seed, calling):
     model, runner = zoo_runner("moe")
@@ -109,6 +114,7 @@ def test_equal_totals_with_different_splits(zoo_runner, check_run, device, data,
         check_run(runner, model, batch, mode=calling, model="moe", seed=seed)
 
 
+@pytest.mark.clause("several-requests")
 @pytest.mark.parametrize("name", ["dense", "side-input"])
 @given(target=st.integers(1, 8), others=st.lists(st.integers(1, 6), min_size=1, max_size=6), data=st.data(), seed=SEEDS,
        calling=CALLING)
@@ -141,6 +147,7 @@ def test_a_request_does_not_depend_on_its_batchmates(zoo_runner, check_run, fail
 ORDER_BUCKETS = (2, 4, 8)
 
 
+@pytest.mark.clause("buckets-and-padding")
 @given(buckets=st.lists(st.sampled_from(ORDER_BUCKETS), min_size=1, max_size=4),
        calls=st.lists(st.integers(1, ORDER_BUCKETS[-1] + 2).flatmap(lambda total: split_strategy(total, 4)),
                       min_size=2, max_size=4),

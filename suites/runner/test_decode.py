@@ -17,6 +17,8 @@ from harness.oracle import CALLING_MODES
 from harness.runner.cases import CONFIG, SEED, TwinSteps, eager_forward, stateless_parts
 from harness.runner.decode import DecodeLoop, DecodePlan, DecodeRequest
 
+pytestmark = pytest.mark.clause("decode-steps")
+
 NUM_PAGES, BLOCK_SIZE = 24, 4
 
 

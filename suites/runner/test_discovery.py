@@ -15,6 +15,8 @@ from harness.models import build_model
 from harness.oracle import CALLING_MODES
 from harness.runner.cases import MAX_TOKENS, SEED, make_batch, split_strategy
 
+pytestmark = pytest.mark.clause("discovery")
+
 # The oracle, written out by hand from each layout's construction under the harness's rule:
 # (dotted path, fell back, found by searching the module tree).
 LAYOUTS = {
@@ -56,6 +58,7 @@ def test_discovered_module_and_path(build_runner, device, name):
 
 # Its name is from before the module and path moved to the test above: the kill matrix
 # (golden/selfcheck/kill_matrix.json) names it as the killing test of mutant:silent-fallback.
+@pytest.mark.clause("discovery-reported")
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_discovered_module_path_and_warning(build_runner, device, name):
     """A layout found only by searching, or one where discovery falls back, warns naming the model's class; a
@@ -71,6 +74,7 @@ def test_discovered_module_path_and_warning(build_runner, device, name):
         assert not fallback_warnings, f"{name}: warned although discovery found the stack: {fallback_warnings}"
 
 
+@pytest.mark.clause("discovery-reported")
 @pytest.mark.parametrize("name", SEARCHED + FALLBACKS)
 def test_strict_discovery_refuses_to_fall_back(build_runner, device, name):
     model = build_model(name, seed=SEED, device=device)
@@ -78,6 +82,7 @@ def test_strict_discovery_refuses_to_fall_back(build_runner, device, name):
         build_runner(model, strict_discovery=True)
 
 
+@pytest.mark.clause("discovery-reported")
 def test_strict_discovery_accepts_a_found_stack(build_runner, device):
     model = build_model("vlm", seed=SEED, device=device)
     assert build_runner(model, strict_discovery=True).discovery.path == "language_model.model"
@@ -94,6 +99,7 @@ def test_discovery_goldens(build_runner, device, snapshot):
     assert results == snapshot
 
 
+@pytest.mark.clause("fell-back-graph")
 @pytest.mark.parametrize("name", FALLBACKS)
 @given(length=st.integers(1, MAX_TOKENS), seed=st.integers(0, 2**16), calling=st.sampled_from(CALLING_MODES))
 def test_fell_back_model_replays_single_requests(zoo_runner, check_run, device, name, length, seed, calling):
@@ -105,6 +111,7 @@ def test_fell_back_model_replays_single_requests(zoo_runner, check_run, device, 
     assert runner.stats.replays == replays + 1
 
 
+@pytest.mark.clause("fell-back-graph")
 @pytest.mark.parametrize("name", FALLBACKS)
 @given(data=st.data(), total=st.integers(2, MAX_TOKENS), seed=st.integers(0, 2**16),
        mode=st.sampled_from(["none", "full"]), calling=st.sampled_from(CALLING_MODES))
@@ -122,6 +129,7 @@ def test_fell_back_model_runs_several_requests_eagerly(zoo_runner, check_run, de
     assert runner.stats.eager_fallbacks == fallbacks + 1, "the eager fallback was not counted"
 
 
+@pytest.mark.clause("fell-back-graph")
 @pytest.mark.parametrize("name", FALLBACKS)
 @pytest.mark.parametrize(("mode", "all_logits"), [("last", False), ("full", False), ("none", True)])
 def test_fell_back_model_runs_other_outputs_of_one_request_eagerly(zoo_runner, check_run, device, name, mode,

@@ -9,7 +9,10 @@ import torch
 from harness.runner.candidate import fixed_capture_plan
 from harness.runner.cases import make_batch
 
+pytestmark = pytest.mark.clause("replay-equals-eager")
 
+
+@pytest.mark.clause("accounting")
 @pytest.mark.parametrize("name", ["dense", "moe", "vlm", "odd-decoder-layers"])
 def test_capture_plan(zoo_runner, snapshot, name):
     _, runner = zoo_runner(name)

@@ -8,6 +8,8 @@ import torch
 
 from harness.runner.cases import CONFIG, make_batch
 
+pytestmark = pytest.mark.clause("hidden-states")
+
 LENGTHS = ([1], [4, 3], [2, 7, 1, 5])
 
 

@@ -23,6 +23,8 @@ from harness.runner.cases import BUCKETS, SEED, eager, make_batch
 from harness.runner.discovery import layer_list
 from harness.runner.divergence import localise
 
+pytestmark = pytest.mark.clause("runs-once")
+
 
 def _hooked_model(device: torch.device):
     """The dense zoo model with hooks on its layer stack and on each decoder layer, counting calls in
@@ -98,6 +100,7 @@ def test_hooks_on_the_stack_and_its_layers_run_once_per_replay_as_eagerly(build_
             f"pre and post), eagerly once each: {context}")
 
 
+@pytest.mark.clause("layer-outputs")
 def test_every_bucket_records_and_localises_each_decoder_layer(zoo_runner, check_run, device, failure_context):
     model, runner = zoo_runner("dense")
     if not hasattr(runner, "layer_outputs"):

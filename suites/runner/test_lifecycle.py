@@ -12,6 +12,8 @@ from harness.models import build_model
 from harness.oracle import CALLING_MODES, calling_mode
 from harness.runner.cases import BUCKETS, SEED, make_batch
 
+pytestmark = pytest.mark.clause("forward-restored")
+
 
 class _Abort(BaseException):
     """Stands for KeyboardInterrupt or SystemExit arriving in the middle of a forward."""
@@ -54,6 +56,7 @@ def test_forward_restored_after_an_error_and_runner_still_usable(zoo_runner, che
     check_run(runner, model, _batch(device, seed=12), model="dense", seed=12)
 
 
+@pytest.mark.clause("not-reentrant")
 def test_replay_inside_a_replay_raises(zoo_runner, check_run, runner_checker, device, monkeypatch):
     model, runner = zoo_runner("dense")
     original = model.logits_processor.forward
@@ -74,6 +77,7 @@ def test_replay_inside_a_replay_raises(zoo_runner, check_run, runner_checker, de
     check_run(runner, model, inner, model="dense", seed=13)
 
 
+@pytest.mark.clause("runs-once")
 def test_replay_skips_the_layer_forward_and_runs_the_logits_processor_once(zoo_runner, check_run, device, monkeypatch):
     model, runner = zoo_runner("dense")
     layer = runner.discovery.module
@@ -104,6 +108,7 @@ def test_replay_skips_the_layer_forward_and_runs_the_logits_processor_once(zoo_r
     assert calls == {"layer": 0, "logits": 1}, f"at replay: {calls} (the real layer forward must not run; logits once)"
 
 
+@pytest.mark.clause("outputs-owned")
 def test_outputs_survive_the_next_replay(zoo_runner, check_run, device):
     # The checker keeps the first call's results and checks the second call (same bucket: its graph writes the
     # same static buffers) leaves them alone.
@@ -114,6 +119,7 @@ def test_outputs_survive_the_next_replay(zoo_runner, check_run, device):
         check_run(runner, model, batch, model="dense", seed=seed)
 
 
+@pytest.mark.clause("bucket-errors")
 def test_a_batch_no_bucket_holds_is_refused(build_runner, device):
     model = build_model("dense", seed=SEED, device=device)
     runner = build_runner(model, buckets=(4, 8))
@@ -124,6 +130,7 @@ def test_a_batch_no_bucket_holds_is_refused(build_runner, device):
         runner.replay(batch)
 
 
+@pytest.mark.clause("bucket-errors")
 @pytest.mark.parametrize("buckets", [(), (8, 0), (4, 4)], ids=["none", "zero", "repeated"])
 def test_bad_buckets_are_refused(build_runner, device, buckets):
     model = build_model("dense", seed=SEED, device=device)
@@ -131,11 +138,13 @@ def test_bad_buckets_are_refused(build_runner, device, buckets):
         build_runner(model, buckets=buckets)
 
 
+@pytest.mark.clause("accounting")
 def test_counters_start_from_the_capture(zoo_runner):
     _, runner = zoo_runner("dense")
     assert runner.stats.captures == len(BUCKETS)
 
 
+@pytest.mark.clause("buckets-and-padding")
 def test_a_batch_arriving_padded_between_buckets_replays_in_the_bucket_holding_its_rows(zoo_runner, check_run, device):
     # 3 real tokens padded to 5 rows: bucket 4 holds the tokens but not the rows; bucket 8 holds both.
     model, runner = zoo_runner("dense")
@@ -150,6 +159,7 @@ def test_a_batch_arriving_padded_between_buckets_replays_in_the_bucket_holding_i
     assert actual.hidden_states.shape[0] == 3, "per-token outputs are cut to the real tokens, not the rows"
 
 
+@pytest.mark.clause("no-grad")
 @pytest.mark.parametrize("built_in", CALLING_MODES)
 def test_the_callers_inference_mode_at_construction_and_at_every_call(build_runner, check_run, device, built_in):
     """Engines build runners and serve under ``torch.inference_mode()`` or ``no_grad``, not always the same: a

@@ -41,6 +41,8 @@ from harness.oracle import CALLING_MODES, Checker, calling_mode
 from harness.runner import ForwardBatch, select_bucket
 from harness.runner.cases import SEED, eager, make_batch, split_strategy
 
+pytestmark = pytest.mark.clause("lifecycle")
+
 BUCKETS = (2, 4, 8)  # small buckets: every example captures all of them, twice per machine kind
 MAX = BUCKETS[-1]
 # name -> (zoo model, dotted path of the layer module, discovery falls back). No rule knows the layout

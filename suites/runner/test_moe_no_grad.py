@@ -9,6 +9,8 @@ import torch
 from harness.models import build_model, forward_context
 from harness.runner.cases import SEED, make_batch
 
+pytestmark = pytest.mark.clause("no-grad")
+
 
 @pytest.fixture(scope="module")
 def trainable_moe(device):

@@ -13,6 +13,8 @@ from harness.compare import describe_mismatch
 from harness.oracle import CALLING_MODES
 from harness.runner.cases import eager, lengths_strategy, make_batch
 
+pytestmark = pytest.mark.clause("stack-arguments")
+
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
 @given(lengths=lengths_strategy(), seed=st.integers(0, 2**16), mode=st.sampled_from(["none", "last", "full"]),

@@ -25,6 +25,8 @@ from harness.runner.cases import CONFIG, SEED, TwinSteps, eager_forward, statele
 from harness.runner.decode import DecodePlan, DecodeRequest
 from harness.runner.speculative import DraftHead, SpeculativeLoop
 
+pytestmark = pytest.mark.clause("decode-steps")
+
 NUM_PAGES, BLOCK_SIZE, POOL, TOPK = 24, 4, 6, 4
 
 

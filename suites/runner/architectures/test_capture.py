@@ -41,6 +41,8 @@ from harness.runner.cases import eager, eager_padded
 from harness.runner.divergence import localise
 from harness.runner.matrices import capture_row
 
+pytestmark = pytest.mark.clause("replay-equals-eager")
+
 CI_SUBSET = ("llama", "qwen3-moe", "llava", "lfm2")  # dense, MoE, VLM, hybrid (grid layout)
 MAX_TOKENS = 16
 
@@ -103,6 +105,7 @@ def test_replay_equals_eager(architecture_runner, architecture_buckets, check_ru
         raise AssertionError(f"{error}\nper-layer divergence of {name}:\n{layers}") from None
 
 
+@pytest.mark.clause("no-grad")
 def test_moe_under_caller_grad_mode(architecture_runner, architecture_buckets, check_run, device):
     # Parameters that require grad, a caller with autograd on: outputs are eager's (no grad_fn), values too.
     adapter, runner = _runner(architecture_runner, "qwen3-moe", requires_grad=True)
@@ -110,6 +113,7 @@ def test_moe_under_caller_grad_mode(architecture_runner, architecture_buckets, c
     check_run(runner, adapter, batch, mode="grad", buckets=architecture_buckets, model="qwen3-moe", seed=5)
 
 
+@pytest.mark.clause("layer-outputs")
 @pytest.mark.parametrize("name", CI_SUBSET)
 def test_no_layer_diverges(architecture_runner, device, name):
     adapter, runner = _runner(architecture_runner, name)

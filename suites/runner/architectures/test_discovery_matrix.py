@@ -4,7 +4,11 @@ SGLang's rule is recorded, not enforced: its misses are its known behaviour (REA
 
 from __future__ import annotations
 
+import pytest
+
 from harness.models.transformers_zoo import ARCHITECTURES, FAMILIES
+
+pytestmark = pytest.mark.clause("discovery")
 
 MIN_ARCHITECTURES = 40
 

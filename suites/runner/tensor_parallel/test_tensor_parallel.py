@@ -26,7 +26,7 @@ from harness.runner.tensor_parallel import Composition
 
 # Every process that runs one of these tests starts the session's pool of rank processes (seconds: each
 # rank imports torch): one xdist worker runs them all, one pool.
-pytestmark = pytest.mark.same_worker("rank-pool")
+pytestmark = [pytest.mark.same_worker("rank-pool"), pytest.mark.clause("tensor-parallel")]
 
 # MoE first: the pool forks its ranks after the MoE combine is compiled here (see TensorParallelSession.setup).
 SETUPS = [("moe", "graph"), ("moe", "break"), ("dense", "graph"), ("dense", "break")]
@@ -69,6 +69,7 @@ def test_ranks_agree_on_the_bucket_whatever_padding_arrives(tp, assert_ranks_mat
         assert_ranks_match_eager(setup, composition, [per_rank[index] for per_rank in results])
 
 
+@pytest.mark.clause("accounting")
 @pytest.mark.parametrize("collectives", ["graph", "break"])
 def test_collectives_are_captured_where_the_model_puts_them(tp, collectives):
     """Segments and breaks per bucket, from the model's structure: attention is a break in every
@@ -98,6 +99,7 @@ def test_random_compositions_on_every_rank(tp, assert_ranks_match_eager, lengths
     assert_ranks_match_eager(setup, composition, [per_rank[0] for per_rank in results])
 
 
+@pytest.mark.clause("forward-restored")
 def test_error_on_every_rank_restores_the_forward_everywhere(tp, assert_ranks_match_eager):
     setup = tp.setup(model="dense", collectives="graph")
     composition = Composition((2, 1), seed=9)
@@ -111,6 +113,7 @@ def test_error_on_every_rank_restores_the_forward_everywhere(tp, assert_ranks_ma
     assert_ranks_match_eager(setup, composition, [report["after"] for report in reports])
 
 
+@pytest.mark.clause("rank-errors-raise")
 def test_error_on_one_rank_fails_the_step_without_a_hang(tp):
     """Rank 1 raises inside the replay; the others are then blocked in the next all-reduce. The step
     must fail within its deadline, name every rank's fate, and every runner must have restored its

@@ -1,4 +1,5 @@
-"""SGLang's shipped code under the suites: ``--impl graphs=sglang`` and ``--impl gather=sglang``.
+"""SGLang's shipped code under the suites: ``--impl graphs=sglang`` and ``--impl gather=sglang``, and SGLang's
+module discovery as a discovery rule (:func:`sglang_0_5_23_rule`).
 
 ``graphs`` bridges SGLang's ``BreakableCUDAGraph`` to the capturer interface (breaks reach SGLang's
 ``eager_on_graph`` through :func:`harness.graphs.receive_breaks`); ``gather`` finds SGLang's
@@ -10,15 +11,22 @@ from __future__ import annotations
 import gc
 import importlib
 import importlib.metadata
+import os
 from collections.abc import Callable
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import nn
 
 from harness.errors import ImplementationError, UsageError
 from harness.graphs import EngineBreakBody, GraphBackend, receive_breaks
 
-__all__ = ["SGLANG_VERSION", "SGLangCapturer", "SGLangGraph", "load_capturer", "load_gather", "engine_version"]
+if TYPE_CHECKING:
+    from harness.runner.discovery import DiscoveryResult
+
+__all__ = ["SGLANG_VERSION", "SGLangCapturer", "SGLangGraph", "load_capturer", "load_gather", "engine_version",
+           "sglang_0_5_23_rule"]
 
 SGLANG_VERSION = "0.5.23"
 BREAKABLE_MODULE = "sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph"
@@ -184,3 +192,64 @@ def load_gather(*, graph_backend: str | None = None) -> Callable[..., Any]:
     engine's function is what the suites call, on whatever device they select.
     """
     return _import("gather=sglang", GATHER_MODULE).gather_spec_extras
+
+
+# --- discovery ---------------------------------------------------------------------------------------
+
+DISCOVERY_MODULE = "sglang_discovery"  # written by .ci/gpu/extract-sglang into the folder, beside sglang/
+DISCOVERY_FUNCTION = "_resolve_transformer_layer_model"
+FOLDER_VARIABLE = "SGLANG_MODULES"  # the folder .ci/gpu/run and engine-conformance read (default .sglang)
+DEFAULT_FOLDER = ".sglang"
+
+
+def _discovery_function() -> Callable[[nn.Module], Any]:
+    """SGLang 0.5.23's ``_resolve_transformer_layer_model``, as cut verbatim from the release wheel into the
+    folder's ``sglang_discovery`` module; one line saying how to make that folder where it is not importable."""
+    try:
+        module = importlib.import_module(DISCOVERY_MODULE)
+    except ModuleNotFoundError as error:
+        if error.name != DISCOVERY_MODULE:
+            raise
+        folder = os.environ.get(FOLDER_VARIABLE) or DEFAULT_FOLDER
+        if (Path(folder) / f"{DISCOVERY_MODULE}.py").is_file():
+            where = f"the folder {folder} holds it but is not on PYTHONPATH"
+        elif (Path(folder) / "sglang").is_dir():
+            where = f"the folder {folder} lacks it (an older .ci/gpu/extract-sglang made it)"
+        else:
+            where = f"there is no folder {folder}"
+        raise ImplementationError(
+            f"sglang_0_5_23_rule runs SGLang {SGLANG_VERSION}'s own discovery code from the module "
+            f"{DISCOVERY_MODULE}, which is not importable here: {where}; .ci/gpu/extract-sglang WHEEL {folder} "
+            f"writes it from the release wheel (pip download sglang=={SGLANG_VERSION} --no-deps -d DIR), then put "
+            f"{folder} on PYTHONPATH") from None
+    version = getattr(module, "VERSION", None)
+    if version != SGLANG_VERSION:
+        raise ImplementationError(f"sglang_0_5_23_rule: the importable {DISCOVERY_MODULE} ({module.__file__}) was cut "
+                                  f"from sglang {version}, not {SGLANG_VERSION}: extract the {SGLANG_VERSION} wheel")
+    return getattr(module, DISCOVERY_FUNCTION)
+
+
+def sglang_0_5_23_rule(model: nn.Module) -> DiscoveryResult:
+    """SGLang 0.5.23's discovery rule, run from the release's own code: ``_resolve_transformer_layer_model`` of
+    ``sglang/srt/model_executor/runner/prefill_cuda_graph_runner.py`` (it calls ``resolve_language_model`` of
+    ``sglang/srt/model_loader/utils.py``, then walks ``.model`` until a module with ``.layers``), imported from
+    the folder ``.ci/gpu/extract-sglang`` makes (on PYTHONPATH).
+
+    Bridge (result): SGLang returns the module, which becomes a :class:`harness.runner.DiscoveryResult` with
+    the module's path among ``model.named_modules()`` (found by identity) and ``fell_back=False``; SGLang has
+    no fallback. Where it raises ``RuntimeError`` ("could not resolve inner layer_model ..."), its prefill
+    runner refuses the model ("This backend is unsupported for this model architecture"): that becomes
+    :class:`harness.runner.DiscoveryRefused` with SGLang's message. Other exceptions propagate as they are.
+    """
+    from harness.runner.discovery import DiscoveryRefused, DiscoveryResult  # at call time: no import cost
+
+    resolve = _discovery_function()
+    try:
+        found = resolve(model)
+    except RuntimeError as error:
+        raise DiscoveryRefused("sglang_0_5_23", type(model).__name__, str(error)) from error
+    path = next((name for name, module in model.named_modules() if module is found), None)
+    if path is None:
+        raise DiscoveryRefused("sglang_0_5_23", type(model).__name__,
+                               f"SGLang's rule returned a {type(found).__name__} that is not a module of the model")
+    return DiscoveryResult(found, path, False, "sglang_0_5_23", (path or "<root>",))

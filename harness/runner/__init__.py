@@ -9,13 +9,14 @@ from harness.batch import ForwardBatch, HiddenMode, current_batch, forward_conte
 from harness.runner.discovery import (
     DEFAULT_RULES,
     RULES,
+    DiscoveryRefused,
     DiscoveryResult,
     DiscoveryRule,
     DiscoveryWarning,
     discover_layer_model,
     harness_rule,
     layer_list,
-    sglang_rule,
+    sglang_pr24662_rule,
 )
 from harness.runner.runner import LayerStackRunner, RunnerStats, StaticInputs
 
@@ -29,9 +30,10 @@ __all__ = [
     "DiscoveryResult",
     "DiscoveryRule",
     "DiscoveryWarning",
+    "DiscoveryRefused",
     "DEFAULT_RULES",
     "discover_layer_model",
-    "sglang_rule",
+    "sglang_pr24662_rule",
     "harness_rule",
     "RULES",
     "layer_list",

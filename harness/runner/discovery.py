@@ -1,8 +1,10 @@
 """Module discovery: which module's ``forward`` is the transformer layer stack to capture.
 
-A rule is any callable ``rule(model) -> DiscoveryResult``; :func:`discover_layer_model` tries rules in
-order. :data:`RULES` names the shipped ones (:func:`harness_rule`, the default; :func:`sglang_rule`,
-SGLang's, kept to compare). The README's Real architectures section describes them."""
+A rule is any callable ``rule(model) -> DiscoveryResult`` that may raise :class:`DiscoveryRefused` instead
+(no stack, and no module to fall back to); :func:`discover_layer_model` tries rules in order. :data:`RULES`
+names the shipped ones (:func:`harness_rule`, the default; :func:`sglang_pr24662_rule`, the rule of SGLang's
+PR 24662, kept to compare). SGLang 0.5.23's shipped rule runs from the release's own code:
+``harness.adapters.sglang.sglang_0_5_23_rule``. The README's Real architectures section describes them."""
 
 from __future__ import annotations
 
@@ -19,7 +21,8 @@ __all__ = [
     "DiscoveryResult",
     "DiscoveryRule",
     "DiscoveryWarning",
-    "sglang_rule",
+    "DiscoveryRefused",
+    "sglang_pr24662_rule",
     "harness_rule",
     "RULES",
     "DEFAULT_RULES",
@@ -31,6 +34,21 @@ __all__ = [
 
 class DiscoveryWarning(UserWarning):
     """Discovery found no layer stack and fell back to a broader module."""
+
+
+class DiscoveryRefused(DiscoveryError):
+    """A rule found no layer stack and names no module to fall back to: it refuses the model, as SGLang 0.5.23's
+    rule raises where its PR's fell back. ``rule`` names the rule, ``reason`` is its own words."""
+
+    def __init__(self, rule: str, model_class: str, reason: str) -> None:
+        super().__init__(f"discovery rule {rule!r} refuses {model_class}: {reason}")
+        self.rule = rule
+        self.model_class = model_class
+        self.reason = reason
+
+    def summary(self) -> dict[str, Any]:
+        """Plain data for goldens and reports, in place of :meth:`DiscoveryResult.summary`."""
+        return {"refused": self.reason, "rule": self.rule}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,16 +82,18 @@ def _join(*parts: str) -> str:
     return ".".join(part for part in parts if part)
 
 
-def sglang_rule(model: nn.Module) -> DiscoveryResult:
-    """SGLang's rule: ``getattr(model, "language_model", model)``, then its ``.model`` when that has
-    ``.layers``; otherwise the language model itself (a fallback)."""
+def sglang_pr24662_rule(model: nn.Module) -> DiscoveryResult:
+    """The rule of SGLang's PR 24662 (the breakable CUDA-graph runner that captures the layer stack):
+    ``getattr(model, "language_model", model)``, then its ``.model`` when that has ``.layers``; otherwise the
+    language model itself (a fallback). SGLang 0.5.23 ships another rule, which refuses where this one falls
+    back (``harness.adapters.sglang.sglang_0_5_23_rule``)."""
     language_model = getattr(model, "language_model", model)
     base = "language_model" if language_model is not model else ""
     tried = (_join(base, "model.layers"),) if base else ("language_model", "model.layers")
     inner = getattr(language_model, "model", None)
     if isinstance(inner, nn.Module) and hasattr(inner, "layers"):
-        return DiscoveryResult(inner, _join(base, "model"), False, "sglang", tried)
-    return DiscoveryResult(language_model, base, True, "sglang", tried)
+        return DiscoveryResult(inner, _join(base, "model"), False, "sglang_pr24662", tried)
+    return DiscoveryResult(language_model, base, True, "sglang_pr24662", tried)
 
 
 # Where decoder layers live: ``layers`` (Llama and most), ``h`` (GPT-2, Bloom, Falcon, ...), ``blocks`` (MPT).
@@ -163,7 +183,7 @@ def _ancestors(model: nn.Module, path: str) -> list[tuple[str, nn.Module]]:
             for i in range(1, len(parts))]
 
 
-RULES: dict[str, DiscoveryRule] = {"harness": harness_rule, "sglang": sglang_rule}
+RULES: dict[str, DiscoveryRule] = {"harness": harness_rule, "sglang_pr24662": sglang_pr24662_rule}
 DEFAULT_RULES: tuple[DiscoveryRule, ...] = (harness_rule,)
 
 
@@ -191,12 +211,21 @@ def discover_layer_model(model: nn.Module, *,
     :class:`DiscoveryError` instead: a searched path is a guess a user should confirm). When every
     rule falls back, the first rule's fallback is returned with a warning naming the model class and
     the paths tried (strict: raises), because capturing a broader module puts batch-size dependent
-    code in the graph.
+    code in the graph. A rule that refuses (:class:`DiscoveryRefused`) gives no result; when every rule
+    refuses, the first refusal is raised.
     """
     rules = _as_rules(rules)
     if not rules:
         raise DiscoveryError("discover_layer_model needs at least one rule")
-    results = [rule(model) for rule in rules]
+    results: list[DiscoveryResult] = []
+    refusals: list[DiscoveryRefused] = []
+    for rule in rules:
+        try:
+            results.append(rule(model))
+        except DiscoveryRefused as refusal:
+            refusals.append(refusal)
+    if not results:
+        raise refusals[0]
     for result in results:
         if not result.fell_back and not result.searched:
             return result

@@ -25,7 +25,7 @@ from harness.models.transformers_zoo import (
     build_architecture,
     text_config_of,
 )
-from harness.runner.discovery import RULES, DiscoveryResult, DiscoveryRule, layer_list
+from harness.runner.discovery import RULES, DiscoveryRefused, DiscoveryResult, DiscoveryRule, layer_list
 from harness.runner.runner import LayerStackRunner
 
 __all__ = ["forward_returns", "discovery_row", "discovery_matrix", "capture_row", "rule_below_adapter",
@@ -81,7 +81,8 @@ def discovery_row(result: DiscoveryResult, returns: str) -> dict[str, Any]:
 
 def discovery_matrix(names: Iterable[str] | None = None, *, rules: dict[str, Any] = RULES,
                      seed: int = 0) -> dict[str, Any]:
-    """Every architecture (or ``names``) against every rule; unavailable ones with their reason."""
+    """Every architecture (or ``names``) against every rule; unavailable ones with their reason. A rule that
+    refuses an architecture (:class:`DiscoveryRefused`) has the cell ``{"refused": reason}``."""
     matrix: dict[str, Any] = {}
     for name in names if names is not None else [arch.name for arch in ARCHITECTURES]:
         family = architecture(name).family
@@ -90,10 +91,19 @@ def discovery_matrix(names: Iterable[str] | None = None, *, rules: dict[str, Any
         except ArchitectureUnavailable as error:
             matrix[name] = {"family": family, "unavailable": error.reason}
             continue
-        results = {rule_name: rule(model) for rule_name, rule in rules.items()}
-        returns = forward_returns(model, [result.module for result in results.values()])
-        matrix[name] = {"family": family, "rules": {rule_name: discovery_row(result, kind) for (rule_name, result), kind
-                                                    in zip(results.items(), returns)}}
+        results: dict[str, DiscoveryResult] = {}
+        refused: dict[str, dict[str, Any]] = {}
+        for rule_name, rule in rules.items():
+            try:
+                results[rule_name] = rule(model)
+            except DiscoveryRefused as refusal:
+                refused[rule_name] = {"refused": refusal.reason}
+        returns = dict(zip(results, forward_returns(model, [result.module for result in results.values()]))
+                       if results else ())
+        matrix[name] = {"family": family, "rules": {
+            rule_name: refused[rule_name] if rule_name in refused else discovery_row(results[rule_name],
+                                                                                     returns[rule_name])
+            for rule_name in rules}}
     return matrix
 
 
@@ -156,7 +166,7 @@ def capture_row(name: str, *, graphs: Any, device: torch.device | str = "cpu", r
     :class:`CaptureError` naming the op on the emulated backend), ``replays_several_requests``,
     ``replay_matches_eager`` (tolerance table) and ``max_abs_diff``. ``stopped_by`` and
     ``max_abs_diff`` are for reports, not goldens: they differ by backend. Rules choosing the same
-    module share a cell.
+    module share a cell; a rule that refuses the architecture has ``{"refused": reason}``.
     """
     model = build_architecture(name, seed=seed, device=device)
     adapter = TransformersAdapter(model, layout=architecture(name).layout)
@@ -166,7 +176,11 @@ def capture_row(name: str, *, graphs: Any, device: torch.device | str = "cpu", r
         warnings.simplefilter("ignore")
         for rule_name, rule in rules.items():
             below = rule_below_adapter(rule)
-            result = below(adapter)
+            try:
+                result = below(adapter)
+            except DiscoveryRefused as refusal:
+                cells[rule_name] = {"refused": refusal.reason}
+                continue
             if id(result.module) not in by_module:
                 by_module[id(result.module)] = _capture_cell(adapter, below, graphs=graphs, buckets=buckets,
                                                              seed=seed, device=device)

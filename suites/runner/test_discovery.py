@@ -1,9 +1,14 @@
 """Discovery: each layout gives the expected module, path and fallback flag; a fallback warns (or,
-strict, raises); a fell-back model stays correct: single requests replay, several run eagerly."""
+strict, raises); a fell-back model stays correct: single requests replay, several run eagerly. And
+SGLang 0.5.23's shipped rule on the transformers zoo, run from the release's own code where a folder
+of it is here (a golden beside the discovery matrix of suites/runner/architectures)."""
 
 from __future__ import annotations
 
+import os
+import sys
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -143,3 +148,59 @@ def test_fell_back_model_runs_other_outputs_of_one_request_eagerly(zoo_runner, c
     fallbacks = runner.stats.eager_fallbacks
     check_run(runner, model, batch, replayed=False, model=name, seed=3)
     assert runner.stats.eager_fallbacks == fallbacks + 1, "the eager fallback was not counted"
+
+
+# --- SGLang 0.5.23's shipped rule on the transformers zoo -------------------------------------------------
+# harness.adapters.sglang.sglang_0_5_23_rule runs SGLang's own _resolve_transformer_layer_model, cut verbatim
+# from the release wheel by .ci/gpu/extract-sglang into the folder's sglang_discovery.py: the folder named by
+# HARNESS_SGLANG_MODULES, else .sglang in the rootdir. Recorded beside the other rules, not enforced.
+
+ZOO_SEED = 7  # the architecture suites' seed (suites/runner/architectures/conftest.py)
+
+
+@pytest.fixture(scope="module")
+def sglang_0_5_23_matrix(pytestconfig):
+    """The zoo's discovery matrix under every rule of RULES and SGLang 0.5.23's, the folder on sys.path only
+    while it is computed."""
+    given = os.environ.get("HARNESS_SGLANG_MODULES")
+    folder = Path(given) if given else pytestconfig.rootpath / ".sglang"
+    if not (folder / "sglang_discovery.py").is_file():
+        pytest.skip(f"SGLang 0.5.23's discovery rule runs the release's own code, and {folder} holds no "
+                    f"sglang_discovery.py: .ci/gpu/extract-sglang WHEEL {folder} writes it from the sglang 0.5.23 "
+                    "wheel (pip download sglang==0.5.23 --no-deps), or set HARNESS_SGLANG_MODULES to such a folder")
+    from harness.adapters.sglang import sglang_0_5_23_rule
+    from harness.runner import RULES
+    from harness.runner.matrices import discovery_matrix
+
+    sys.path.insert(0, str(folder))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return discovery_matrix(rules={**RULES, "sglang_0_5_23": sglang_0_5_23_rule}, seed=ZOO_SEED)
+    finally:
+        sys.path.remove(str(folder))
+        sys.modules.pop("sglang_discovery", None)
+
+
+def _verdicts(matrix, rule):
+    """``{"resolves": [...], "falls_back": [...], "refuses": [...]}``: the architectures of each kind under ``rule``."""
+    kinds = {"resolves": [], "falls_back": [], "refuses": []}
+    for name, row in matrix.items():
+        if "rules" in row:
+            cell = row["rules"][rule]
+            kinds["refuses" if "refused" in cell else "falls_back" if cell["fell_back"] else "resolves"].append(name)
+    return {kind: {"count": len(names), "architectures": names} for kind, names in kinds.items()}
+
+
+@pytest.mark.long_running
+def test_sglang_0_5_23_discovery_golden(sglang_0_5_23_matrix, snapshot):
+    # Each rule's verdict on every architecture that builds, and SGLang 0.5.23's cell of each (the module it
+    # resolves, or its RuntimeError's message where it refuses); the other rules' cells are the discovery
+    # matrix golden's. Written where the folder exists (--snapshot-update), a reviewable diff on a new release.
+    rules = next(row["rules"] for row in sglang_0_5_23_matrix.values() if "rules" in row)
+    assert {
+        "verdicts": {rule: _verdicts(sglang_0_5_23_matrix, rule) for rule in rules},
+        "unavailable": sorted(name for name, row in sglang_0_5_23_matrix.items() if "rules" not in row),
+        "sglang_0_5_23": {name: row["rules"]["sglang_0_5_23"] for name, row in sglang_0_5_23_matrix.items()
+                          if "rules" in row},
+    } == snapshot

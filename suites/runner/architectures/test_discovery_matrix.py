@@ -1,6 +1,7 @@
 """The discovery matrix of the transformers zoo, as a golden; the harness's rule must choose, on
 every architecture, a module that owns the decoder-layer list and returns hidden states.
-SGLang's rule is recorded, not enforced: its misses are its known behaviour (README)."""
+The rule of SGLang's PR 24662 is recorded, not enforced: its misses are its known behaviour (README);
+SGLang 0.5.23's shipped rule is recorded in suites/runner/test_discovery.py, where its code is found."""
 
 from __future__ import annotations
 

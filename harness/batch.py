@@ -75,6 +75,11 @@ class PagedKV:
 class ForwardBatch:
     """Packed tokens of ``num_requests`` requests, plus ``num_padding`` padding tokens at the end.
 
+    The last ``num_padding_requests`` requests may be padding requests with no tokens (a scheduler that pads
+    the request count to a size it captured, as vLLM does; :meth:`padded_requests_to`); every other request
+    has at least one token. A padding request starts at the real tokens' end, so its ``last_indices`` entry
+    is the last real token (``cu_seqlens`` repeat their final entry for it).
+
     ``last_indices`` is a device tensor (each request's last token) so that graph-captured code can
     follow it when it is refreshed in place. ``side_inputs`` maps a layer-stack keyword to a
     per-token tensor; ``kv`` the paged-KV-cache metadata of a decode batch (``None`` without a
@@ -91,18 +96,29 @@ class ForwardBatch:
     side_inputs: Mapping[str, torch.Tensor] = dataclasses.field(default_factory=dict)
     num_padding: int = 0
     kv: PagedKV | None = None
+    num_padding_requests: int = 0
 
     def __post_init__(self) -> None:
         lengths = self.seq_lens
         if not lengths:
             raise BatchError("a batch needs at least one request; got an empty list of request lengths")
-        bad = [(i, n) for i, n in enumerate(lengths) if not isinstance(n, int) or n <= 0]
+        padding = self.num_padding_requests
+        if not isinstance(padding, int) or isinstance(padding, bool) or not 0 <= padding < len(lengths):
+            raise BatchError(f"num_padding_requests is {padding!r}; a batch of {len(lengths)} requests pads "
+                             f"0 to {len(lengths) - 1} of them (at least one request is real)")
+        real = len(lengths) - padding
+        bad = [(i, n) for i, n in enumerate(lengths[:real]) if not isinstance(n, int) or n <= 0]
         if bad:
             index, length = bad[0]
             raise BatchError(
                 f"request {index} has length {length!r}; every request needs at least one token "
                 f"(lengths {list(lengths)})"
             )
+        bad = [(real + i, n) for i, n in enumerate(lengths[real:]) if n != 0 or isinstance(n, bool)]
+        if bad:
+            index, length = bad[0]
+            raise BatchError(f"request {index} is a padding request (the last {padding}) but has length {length!r}; "
+                             f"padding requests have no tokens (lengths {list(lengths)})")
         expected_starts, _ = request_offsets(lengths)
         if tuple(self.start_offsets) != expected_starts:
             raise BatchError(f"start offsets {self.start_offsets} do not match request lengths {lengths}")
@@ -119,6 +135,9 @@ class ForwardBatch:
         if self.kv is not None:
             if tuple(self.kv.slot_mapping.shape) != (total,):
                 raise BatchError(f"slot_mapping has shape {tuple(self.kv.slot_mapping.shape)}, expected ({total},)")
+            if padding:
+                raise BatchError("padding requests of a paged-KV batch are not supported: pad the request count of "
+                                 "a batch without kv")
             if len(self.kv.kv_lens) != len(lengths) or len(self.kv.block_tables) != len(lengths):
                 raise BatchError(f"kv_lens and block_tables need one entry per request ({len(lengths)})")
             short = [i for i, (n, kv) in enumerate(zip(lengths, self.kv.kv_lens)) if kv < n]
@@ -130,6 +149,11 @@ class ForwardBatch:
     @property
     def num_requests(self) -> int:
         return len(self.seq_lens)
+
+    @property
+    def num_real_requests(self) -> int:
+        """Requests with tokens: every request but the trailing padding requests."""
+        return len(self.seq_lens) - self.num_padding_requests
 
     @property
     def num_tokens(self) -> int:
@@ -171,7 +195,7 @@ class ForwardBatch:
     def concatenate(cls, batches: Sequence[ForwardBatch]) -> ForwardBatch:
         """One batch holding the requests of ``batches`` in order (unpadded), with their tokens and side inputs;
         modes come from the first batch."""
-        if not batches or any(batch.num_padding for batch in batches):
+        if not batches or any(batch.num_padding or batch.num_padding_requests for batch in batches):
             raise BatchError("concatenate needs at least one batch, none of them padded")
         lengths = tuple(n for batch in batches for n in batch.seq_lens)
         starts, last = request_offsets(lengths)
@@ -204,10 +228,31 @@ class ForwardBatch:
             kv=None if self.kv is None else self.kv.padded_to(num_tokens),
         )
 
+    def padded_requests_to(self, num_requests: int) -> ForwardBatch:
+        """This batch with padding requests (no tokens) appended up to ``num_requests`` requests: each starts
+        at the real tokens' end, its ``last_indices`` entry is the last real token. Tokens are unchanged
+        (pad them with :meth:`padded_to`)."""
+        extra = num_requests - self.num_requests
+        if extra < 0:
+            raise BatchError(f"cannot pad a batch of {self.num_requests} requests down to {num_requests}")
+        if not extra:
+            return self
+        if self.kv is not None:
+            raise BatchError("padding requests of a paged-KV batch are not supported: pad the request count of "
+                             "a batch without kv")
+        lengths = (*self.seq_lens, *(0,) * extra)
+        starts, last = request_offsets(lengths)
+        return dataclasses.replace(
+            self, seq_lens=lengths, start_offsets=starts,
+            last_indices=torch.cat([self.last_indices, self.last_indices.new_full((extra,), last[-1])]),
+            num_padding_requests=self.num_padding_requests + extra)
+
     def describe(self) -> str:
         """One line for failure messages: request lengths, padding, modes, side inputs."""
         sides = f", side inputs {sorted(self.side_inputs)}" if self.side_inputs else ""
-        return (f"{self.num_requests} requests of lengths {list(self.seq_lens)} ({self.num_tokens} tokens"
+        requests = (f" ({self.num_padding_requests} of them padding requests)" if self.num_padding_requests
+                    else "")
+        return (f"{self.num_requests} requests{requests} of lengths {list(self.seq_lens)} ({self.num_tokens} tokens"
                 f"{f' + {self.num_padding} padding' if self.num_padding else ''}), hidden_mode={self.hidden_mode}, "
                 f"all_logits={self.all_logits}{sides}")
 

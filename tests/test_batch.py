@@ -66,3 +66,27 @@ def test_concatenate_keeps_every_request_and_its_offsets():
 def test_concatenate_refuses_padded_batches():
     with pytest.raises(BatchError, match="none of them padded"):
         ForwardBatch.concatenate([ForwardBatch.from_lengths([2], vocab_size=8).padded_to(4)])
+
+
+def test_padding_requests_have_no_tokens_and_repeat_the_last_offset():
+    batch = ForwardBatch.from_lengths([2, 3], vocab_size=8, seed=1).padded_requests_to(4).padded_to(8)
+    assert (batch.seq_lens, batch.start_offsets, batch.num_padding_requests) == ((2, 3, 0, 0), (0, 2, 5, 5), 2)
+    assert (batch.num_requests, batch.num_real_requests, batch.num_tokens, batch.num_padding) == (4, 2, 5, 3)
+    assert batch.last_indices.tolist() == [1, 4, 4, 4]  # a padding request's last index is the last real token
+    assert "2 of them padding requests" in batch.describe()
+    with pytest.raises(BatchError, match="down to 3"):
+        batch.padded_requests_to(3)
+
+
+@pytest.mark.parametrize("lengths, padding, problem", [
+    ((2, 0, 3), 1, "request 1 has length 0"),  # only trailing requests may be empty, and only as padding
+    ((2, 1), 1, "request 1 is a padding request .* has length 1"),
+    ((0,), 1, "pads 0 to 0"),  # at least one real request
+])
+def test_bad_padding_requests_name_the_problem(lengths, padding, problem):
+    from harness.batch import request_offsets
+
+    starts, last = request_offsets(lengths)
+    with pytest.raises(BatchError, match=problem):
+        ForwardBatch(torch.zeros(sum(lengths), dtype=torch.long), torch.zeros(sum(lengths), dtype=torch.long),
+                     lengths, starts, torch.tensor(last), num_padding_requests=padding)

@@ -15,6 +15,7 @@ __all__ = [
     "GatherContractError",
     "MismatchError",
     "GoldenError",
+    "IllegalIndexError",
 ]
 
 
@@ -64,3 +65,8 @@ class MismatchError(HarnessError, AssertionError):
 
 class GoldenError(HarnessError):
     """A golden file (snapshot or kill matrix) that cannot be read: corrupted, truncated, hand-broken."""
+
+
+class IllegalIndexError(HarnessError, IndexError):
+    """An index-checked kernel of the model zoo was handed metadata it would index memory out of bounds with (a
+    position, a request-pool index, a padding row that is not the padding fill): on CUDA an illegal memory access."""

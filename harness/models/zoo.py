@@ -22,6 +22,7 @@ from harness.models.engine import (
     ModelConfig,
     SideInputEngineModel,
 )
+from harness.models.index_checked import IndexCheckedLM
 from harness.models.paged import PagedDecoderLM
 
 __all__ = [
@@ -106,6 +107,8 @@ _BUILDERS: dict[str, Callable[[ModelConfig], nn.Module]] = {
     "odd-lm-is-base": BaseAsLanguageModel,
     "odd-wrapped-stack": lambda config: ModuleWrapper(CausalLM(config)),
     "paged-decoder": PagedDecoderLM,
+    # Attention that checks every row it reads, padding rows included, against a request pool (pad rows' metadata).
+    "index-checked": IndexCheckedLM,
     # No rule finds this stack: its layer list has a name no engine uses, under a name no engine uses,
     # so discovery must fall back to the whole model (single requests replay, several run eagerly).
     "odd-unnamed-layers": lambda config: CausalLM(

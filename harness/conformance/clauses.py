@@ -155,10 +155,13 @@ CLAUSES: dict[str, tuple[Clause, ...]] = {
                                       "for every zoo model and dtype and the transformers architectures"),
         ("several-requests", CORE, "a graph captured with a one-request dummy serves batches of several requests: "
                                    "each request's outputs equal eager's whatever the split of the tokens, its "
-                                   "batchmates and its place among them"),
+                                   "batchmates and its place among them; a batch ending in zero-length padding "
+                                   "requests gets one row per request, equal to eager's"),
         ("buckets-and-padding", CORE, "a batch replays in the smallest bucket holding every row it carries (padding "
                                       "it arrived with included), buckets given in any order, and its per-token "
-                                      "outputs are cut to its real tokens; a batch no bucket holds runs eagerly"),
+                                      "outputs are cut to its real tokens; a batch no bucket holds runs eagerly; "
+                                      "every pad row reaches attention with the padding fill (position 0, request-"
+                                      "pool slot 0), never the capture's or a previous batch's values"),
         ("hidden-states", CORE, "hidden mode none hands out no hidden states, last one row per request and full one "
                                 "per token, equal to eager's selection"),
         ("stack-arguments", CORE, "the static inputs are filled from the arguments the outer model passes the layer "

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from harness.batch import ForwardBatch, HiddenMode, current_batch, forward_context
+from harness.batch import ForwardBatch, HiddenMode, current_batch, forward_context, request_offsets
 from harness.errors import BucketError
 from harness.mutants import MutantSet, runner_distributed
 from harness.runner.discovery import DiscoveryResult, layer_list
@@ -280,6 +280,79 @@ class StaleSeqLens(LayerStackRunner):
         if stale is None or any(not new <= old <= room for old, new, room in zip(stale, padded.seq_lens, capacity)):
             kept[key] = stale = padded.kv.kv_lens
         return dataclasses.replace(padded, kv=dataclasses.replace(padded.kv, kv_lens=stale))
+
+
+# -- pad rows' metadata and padding requests (suites/runner/test_pad_rows.py, test_padding_requests.py) ----------
+
+
+class _RefreshesRealRowsOnly(StaticInputs):
+    def load(self, args: tuple[Any, ...], kwargs: dict[str, Any], *, copy_batch: bool) -> None:
+        real = current_batch().num_tokens  # the padded live batch the runner published
+
+        def real_rows(static: Any, live: Any) -> Any:
+            # buf[:n].copy_(live[:n]), as engines refresh their static buffers; rows n: keep what they held
+            if isinstance(static, torch.Tensor) and isinstance(live, torch.Tensor) and static.dim() \
+                    and static.shape == live.shape and static.shape[0] == self.bucket:
+                return torch.cat([live[:real], static[real:]])
+            return live
+
+        super().load(tuple(real_rows(s, a) for s, a in zip(self.args, args)),
+                     {key: real_rows(self.kwargs.get(key), value) for key, value in kwargs.items()},
+                     copy_batch=copy_batch)
+
+
+@MUTANTS.add("stale-pad-rows", bug="refreshes only the real rows of the per-token static buffers (buf[:n].copy_): "
+                    "pad rows keep the capture's or a previous, larger batch's positions and request-pool indices, "
+                    "which attention indexes KV memory with (SGLang #24401, #22958)")
+class StalePadRows(LayerStackRunner):
+    static_inputs_class = _RefreshesRealRowsOnly
+
+
+@MUTANTS.add("pads-with-last-row", bug="pads a batch by repeating its last real row's positions and per-token side "
+                    "inputs instead of the padding fill: pad rows address a live request's KV entry, which attention "
+                    "reads and writes as that request's")
+class PadsWithLastRow(LayerStackRunner):
+    def pad(self, batch: ForwardBatch, bucket: int) -> ForwardBatch:
+        padded = batch.padded_to(bucket)
+        real = batch.num_tokens
+
+        def replicate(tensor: torch.Tensor) -> torch.Tensor:
+            if real == tensor.shape[0]:
+                return tensor
+            return torch.cat([tensor[:real], tensor[real - 1:real].expand(tensor.shape[0] - real, *tensor.shape[1:])])
+
+        return dataclasses.replace(padded, positions=replicate(padded.positions),
+                                   side_inputs={name: replicate(t) for name, t in padded.side_inputs.items()})
+
+
+@MUTANTS.add("requests-bounded-by-tokens", bug="keeps each bucket's per-request metadata (the last-token indices the "
+                    "logits read) in a static buffer of one entry per token, the most requests a bucket holds when no "
+                    "request is empty: a batch padded with zero-length requests past that crashes the copy")
+class RequestsBoundedByTokens(LayerStackRunner):
+    def pad(self, batch: ForwardBatch, bucket: int) -> ForwardBatch:
+        padded = batch.padded_to(bucket)
+        buffers = vars(self).setdefault("_last_indices", {})
+        if bucket not in buffers:
+            with torch.inference_mode(False):  # a normal tensor: calls in and out of inference mode update it
+                buffers[bucket] = torch.zeros(bucket, dtype=torch.long, device=padded.device)
+        static = buffers[bucket]
+        static[:padded.num_requests].copy_(padded.last_indices)
+        return dataclasses.replace(padded, last_indices=static[:padded.num_requests])
+
+
+@MUTANTS.add("requests-from-token-map", bug="rebuilds the replayed batch's request lengths from its per-token request "
+                    "ids (their run lengths, as from batch_id_per_token), which cannot see a request with no tokens: "
+                    "zero-length padding requests vanish, and their logits rows with them")
+class RequestsFromTokenMap(LayerStackRunner):
+    def pad(self, batch: ForwardBatch, bucket: int) -> ForwardBatch:
+        padded = batch.padded_to(bucket)
+        request_of_token = torch.repeat_interleave(torch.arange(padded.num_requests),
+                                                   torch.tensor(padded.seq_lens))
+        _, counts = torch.unique_consecutive(request_of_token, return_counts=True)
+        lengths = tuple(int(n) for n in counts)
+        starts, last = request_offsets(lengths)
+        return dataclasses.replace(padded, seq_lens=lengths, start_offsets=starts,
+                                   last_indices=torch.tensor(last, device=padded.device), num_padding_requests=0)
 
 
 # -- the speculative-decode loop (suites/runner/test_speculative.py) ------------------------------

@@ -1,0 +1,126 @@
+"""Pad rows' metadata: a replay hands attention the padding fill in every pad row, never leftovers.
+
+A batch smaller than its bucket is replayed with pad rows, and attention kernels index KV memory
+with every row's metadata, pad rows included: engines crashed with an illegal memory access when
+pad rows kept the positions of a previous, larger batch (SGLang #24401) or stale request-pool
+indices (#22958). The zoo's ``index-checked`` model (``harness.models.index_checked``) indexes a
+request pool with each row's position and request-pool slot, as those kernels do, and raises
+``IllegalIndexError`` naming the row when one is out of range or unallocated, or when a pad row
+holds anything but the padding fill (slot 0, position 0). Each bucket is replayed first with a
+small batch (the capture's dummy left its positions in the static buffers), then with a batch that
+fills it, then, after those requests finished and their pool slots were freed, with a small batch
+again, so stale metadata would sit in its pad rows. Every call goes through ``check_run``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+from harness.models import build_model
+from harness.models.index_checked import with_pool_slots
+from harness.oracle import CALLING_MODES
+from harness.runner import ForwardBatch
+from harness.runner.cases import BUCKETS, CONFIG, SEED
+
+pytestmark = pytest.mark.clause("buckets-and-padding")
+
+
+def _small(bucket: int) -> tuple[int, ...]:
+    """Just past the bucket below (1 token for the smallest): the most pad rows this bucket replays with."""
+    below = max((b for b in BUCKETS if b < bucket), default=0)
+    total = below + 1
+    return (total,) if total < 3 else (total - total // 3, total // 3)
+
+
+def _fill(bucket: int) -> tuple[int, ...]:
+    """Requests that fill the bucket exactly, every row real."""
+    return (bucket - bucket // 4, bucket // 4)
+
+
+class _Scheduler:
+    """Request-pool slots for each step's requests, freed when the step's requests finish; slots rotate, so a
+    stale index left in a pad row names a slot that was freed."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.pool: Any = model.request_pool
+        self.next = 1
+
+    def admit(self, lengths: tuple[int, ...]) -> list[int]:
+        slots = []
+        for length in lengths:
+            slots.append(self.next)
+            self.pool.allocate(self.next, length)
+            self.next = self.next % (self.pool.pool_size - 1) + 1
+        return slots
+
+    def finish(self, slots: list[int]) -> None:
+        for slot in slots:
+            self.pool.free(slot)
+
+
+def _counting_pad_rows(runner: Any, pool: Any, seen: list[int]) -> Callable[[ForwardBatch], Any]:
+    def run(batch: ForwardBatch) -> Any:
+        before = pool.padding_rows_checked
+        try:
+            return runner.run(batch)
+        finally:
+            seen.append(pool.padding_rows_checked - before)
+    run.__name__ = "run"
+    return run
+
+
+def _check_steps(build_runner: Callable[..., Any], check_run: Callable[..., Any], device: torch.device,
+                 steps: list[tuple[int, str, tuple[int, ...]]]) -> None:
+    """Run ``(bucket, step, lengths)`` in order on a fresh runner of the ``index-checked`` model, each batch's
+    requests admitted to the pool before and finished after its call, and check attention read every pad row."""
+    model = build_model("index-checked", seed=SEED, device=device)
+    runner = build_runner(model)
+    scheduler = _Scheduler(model)
+    for index, (bucket, step, lengths) in enumerate(steps):
+        slots = scheduler.admit(lengths)
+        batch = with_pool_slots(ForwardBatch.from_lengths(lengths, vocab_size=CONFIG.vocab_size, seed=index,
+                                                          device=device), slots)
+        seen: list[int] = []
+        check_run(runner, model, batch, via=_counting_pad_rows(runner, scheduler.pool, seen),
+                  mode=CALLING_MODES[index % len(CALLING_MODES)], model="index-checked", bucket=bucket, step=step,
+                  slots=slots)
+        scheduler.finish(slots)
+        pad_rows = (bucket - batch.num_tokens) * CONFIG.num_layers
+        assert seen == [pad_rows], (
+            f"{step} in bucket {bucket} ({batch.describe()}): attention checked {seen} pad rows, expected {pad_rows} "
+            f"(its {bucket - batch.num_tokens} pad rows in each of {CONFIG.num_layers} layers): the replay did not "
+            "hand attention the bucket's rows")
+
+
+def test_pad_rows_after_a_larger_batch(build_runner, check_run, device):
+    """In each bucket a batch that fills it, then, after its requests finished and their slots were freed, a
+    small one: its pad rows hold the padding fill, not the larger batch's positions and request-pool indices."""
+    _check_steps(build_runner, check_run, device,
+                 [(bucket, step, lengths) for bucket in BUCKETS
+                  for step, lengths in (("fills the bucket", _fill(bucket)),
+                                        ("after a larger batch", _small(bucket)))])
+
+
+def test_pad_rows_on_the_first_replay(build_runner, check_run, device):
+    """The first replay of each bucket, with a small batch: its pad rows hold the padding fill, not what the
+    capture's dummy batch left in the static buffers."""
+    _check_steps(build_runner, check_run, device,
+                 [(bucket, "first replay of the bucket", _small(bucket)) for bucket in BUCKETS])
+
+
+def test_pad_rows_of_a_batch_that_arrived_padded(build_runner, check_run, device):
+    """A batch arriving padded (its own pad rows, then the runner's) after a batch that filled its bucket: the
+    caller's pad rows and the runner's hold the padding fill alike."""
+    model = build_model("index-checked", seed=SEED, device=device)
+    runner = build_runner(model)
+    scheduler = _Scheduler(model)
+    for index, (lengths, rows) in enumerate((((12, 4), None), ((5, 2), 11), ((3,), None))):
+        slots = scheduler.admit(lengths)
+        batch = with_pool_slots(ForwardBatch.from_lengths(lengths, vocab_size=CONFIG.vocab_size, seed=100 + index,
+                                                          device=device), slots)
+        batch = batch if rows is None else batch.padded_to(rows)
+        check_run(runner, model, batch, model="index-checked", slots=slots)
+        scheduler.finish(slots)

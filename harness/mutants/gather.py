@@ -156,11 +156,14 @@ def shared_workspace(indices, *buffers) -> GatherOutputs:
             return None
         gathered = buf[indices]
         key = (position, gathered.dtype, tuple(gathered.shape[1:]), gathered.device)
-        staging = _STAGING.get(key)
-        if staging is None or staging.shape[0] < gathered.shape[0]:
-            staging = _STAGING[key] = torch.empty_like(gathered)
-        staged = staging[:gathered.shape[0]]
-        staged.copy_(gathered)
+        # The workspace outlives the call, so it is a normal tensor whatever the caller's autograd mode (an
+        # inference tensor could not be written outside inference mode): only sharing it is the bug.
+        with torch.inference_mode(False), torch.no_grad():
+            staging = _STAGING.get(key)
+            if staging is None or staging.shape[0] < gathered.shape[0]:
+                staging = _STAGING[key] = torch.empty(gathered.shape, dtype=gathered.dtype, device=gathered.device)
+            staged = staging[:gathered.shape[0]]
+            staged.copy_(gathered)
         return torch.empty_like(gathered).copy_(staged)
 
     return tuple(take(position, buf) for position, buf in enumerate(buffers))  # type: ignore[return-value]

@@ -191,6 +191,8 @@ CLAUSES: dict[str, tuple[Clause, ...]] = {
                             "replay, forward wrappers changed and weights updated in place, every call equals eager, "
                             "earlier outputs keep their values, the layer module's dicts are as the user left them "
                             "and no forward context stays published"),
+        ("concurrent-runners", CORE, "two runners over models of their own, called from two threads at once, "
+                                     "each equal eager on their own model and batch"),
         ("discovery", CORE, "discovery picks the module that owns the decoder-layer list and returns hidden states "
                             "(each zoo layout's and architecture's known path, never a modality tower) and says when "
                             "it fell back"),

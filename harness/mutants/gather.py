@@ -142,6 +142,33 @@ def reuses_output_buffers(indices, *buffers) -> GatherOutputs:
     return tuple(take(position, buf) for position, buf in enumerate(buffers))  # type: ignore[return-value]
 
 
+_STAGING: dict[tuple, torch.Tensor] = {}
+
+
+@MUTANTS.add("shared-workspace", bug="gathers into a staging buffer kept per buffer, dtype and row shape in a "
+             "module-level dict and hands out copies of it: right for one caller at a time, but two threads "
+             "gathering at once copy out each other's rows")
+def shared_workspace(indices, *buffers) -> GatherOutputs:
+    # A kernel that writes into a persistent workspace (one fixed address, as CUDA graphs like), grown on demand
+    # and copied out so that every call's results are fresh: the workspace itself is the process's, not the call's.
+    def take(position: int, buf: torch.Tensor | None) -> torch.Tensor | None:
+        if buf is None:
+            return None
+        gathered = buf[indices]
+        key = (position, gathered.dtype, tuple(gathered.shape[1:]), gathered.device)
+        # The workspace outlives the call, so it is a normal tensor whatever the caller's autograd mode (an
+        # inference tensor could not be written outside inference mode): only sharing it is the bug.
+        with torch.inference_mode(False), torch.no_grad():
+            staging = _STAGING.get(key)
+            if staging is None or staging.shape[0] < gathered.shape[0]:
+                staging = _STAGING[key] = torch.empty(gathered.shape, dtype=gathered.dtype, device=gathered.device)
+            staged = staging[:gathered.shape[0]]
+            staged.copy_(gathered)
+        return torch.empty_like(gathered).copy_(staged)
+
+    return tuple(take(position, buf) for position, buf in enumerate(buffers))  # type: ignore[return-value]
+
+
 # dynamic=False: one graph per index count (dynamo's automatic dynamic shapes switched off with it).
 _static_shapes_gather = torch.compile(eager_gather, dynamic=False)
 

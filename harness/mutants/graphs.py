@@ -20,6 +20,7 @@ from harness.graphs import (
     BreakableGraph,
     CaptureSession,
     GraphCapturer,
+    _seam,
     check_capturable,
     copy_tensor,
     write_back,
@@ -632,6 +633,65 @@ class _DenseOutputGraph(BreakableGraph):
          "autograd facts and its aliasing with the static inputs are not eager's")
 class DenseStaticOutputs(GraphCapturer):
     graph_class = _DenseOutputGraph
+
+
+# --- concurrent callers: state that belongs to one thread, or to one graph, shared by all -------------------
+
+
+class _ProcessWideSlot:
+    """A process-wide stand-in for the seam's receiver variable, with a ContextVar's get/set/reset: the capture
+    state an engine keeps in a module-level flag (``is_capture_mode``) instead of per thread."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def get(self) -> Any:
+        return self.value
+
+    def set(self, value: Any) -> Any:
+        previous, self.value = self.value, value
+        return previous
+
+    def reset(self, previous: Any) -> None:
+        self.value = previous
+
+
+class _ProcessWideSession(CaptureSession):
+    def publish(self) -> Any:
+        self._variable = _seam._RECEIVER
+        _seam._RECEIVER = _ProcessWideSlot(self._variable.get())  # type: ignore[assignment]
+        return super().publish()
+
+    def retract(self, token: Any, *, failed: bool) -> None:
+        try:
+            super().retract(token, failed=failed)
+        finally:
+            _seam._RECEIVER = self._variable
+
+
+@MUTANTS.add("capture-state-process-wide", bug="the capture in progress is kept in a process-wide slot, not per "
+         "thread: exactly right for one thread, but while one thread captures, every other thread's breaks are "
+         "sent into that capture and is_capturing() is true there")
+class CaptureStateProcessWide(GraphCapturer):
+    session_class = _ProcessWideSession
+
+
+class _SharedSlotGraph(BreakableGraph):
+    # The break being replayed, kept where the fault report and the write-back read it: one slot for every graph.
+    replaying: Break | None = None
+
+    def replay_break(self, step: Break) -> None:
+        _SharedSlotGraph.replaying = step
+        new = step.fn(*step.args, **step.kwargs)
+        current = _SharedSlotGraph.replaying
+        current.output = write_back(current.output, new)
+
+
+@MUTANTS.add("replaying-break-shared", bug="replay keeps the break it is running in one slot shared by every graph "
+         "and writes the break's result back through it: right for one replay at a time, but two graphs replayed "
+         "from two threads at once write one break's result into the other graph's captured output")
+class ReplayingBreakShared(GraphCapturer):
+    graph_class = _SharedSlotGraph
 
 
 # --- CUDA only: warm-up and memory pools (the emulated backend models neither) -----------------------------

@@ -226,6 +226,27 @@ class RestoresABoundMethod(LayerStackRunner):
             layer.forward = original
 
 
+# The replay under way in the process, innermost last: one for every runner and every thread.
+_REPLAYS_UNDER_WAY: list[Callable[..., Any]] = []
+
+
+@MUTANTS.add("replay-dispatched-through-a-global", bug="the patched layer forward dispatches to the replay under way "
+                    "in a module-level slot (as an engine's global forward context): right for one caller at a "
+                    "time, but two runners replaying from two threads at once both run the later one's graph")
+class ReplayDispatchedThroughAGlobal(LayerStackRunner):
+    @contextlib.contextmanager
+    def patched_forward(self, replacement: Callable[..., Any]) -> Iterator[None]:
+        def dispatch(*args: Any, **kwargs: Any) -> Any:
+            return _REPLAYS_UNDER_WAY[-1](*args, **kwargs)
+
+        _REPLAYS_UNDER_WAY.append(replacement)
+        try:
+            with super().patched_forward(dispatch):
+                yield
+        finally:
+            _REPLAYS_UNDER_WAY.remove(replacement)
+
+
 # -- decode with a paged KV cache (suites/runner/test_decode.py) ---------------------------------
 
 

@@ -12,6 +12,7 @@ caller's autograd mode), never what is compared.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable
 from typing import Any
@@ -102,10 +103,19 @@ class GatherCalls:
 
         return self._check(self.replays, replayed, args, call="graph replay", **details)
 
-    def anew(self) -> GatherCalls:
+    def anew(self, *, in_turns: Callable[[], contextlib.AbstractContextManager] | None = None) -> GatherCalls:
         """The same calls with no kept results: what one hypothesis example returned is no business of the next
-        (a failure must replay from its own example)."""
-        return GatherCalls(self.gather, self.device, self.context)
+        (a failure must replay from its own example). With ``in_turns``, each call of the implementation (not its
+        eager twin, not the checks) runs inside ``in_turns()``: a thread's turns at a
+        :class:`~harness.concurrency.Lockstep`, so that the calls of several threads, each with its own
+        ``GatherCalls``, run interleaved op by op."""
+        gather = self.gather
+        if in_turns is not None:
+            def gather(*args: Any, _gather: Callable[..., GatherOutputs] = self.gather) -> GatherOutputs:
+                with in_turns():
+                    return _gather(*args)
+
+        return GatherCalls(gather, self.device, self.context)
 
     def _check(self, checker: Checker, candidate: Callable[[], Any], args: tuple[Any, ...], *,
                mode: str | None = None, **details: Any) -> GatherOutputs:

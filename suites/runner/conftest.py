@@ -67,7 +67,7 @@ def runner_checker(failure_context: Callable[..., dict]) -> Checker:
 def check_run(runner_checker: Checker, exact_comparison: Callable[[torch.dtype], bool],
               failure_context: Callable[..., dict]) -> Callable[..., Any]:
     """``check_run(runner, model, batch, via="run", mode=None, dtype=..., buckets=BUCKETS, replayed=None,
-    twin=None, modules=None, **details)``: call ``runner.run(batch)`` (or ``via="replay"``) under the
+    twin=None, modules=None, checker=None, **details)``: call ``runner.run(batch)`` (or ``via="replay"``) under the
     caller's autograd ``mode`` (:data:`harness.oracle.CALLING_MODES`) and return its result, checked (``via``
     may also be a function of the batch that calls the runner, for a test that counts what a call does).
 
@@ -82,6 +82,8 @@ def check_run(runner_checker: Checker, exact_comparison: Callable[[torch.dtype],
     * where :func:`harness.compare.bitwise_expected`, a replay must also equal eager bitwise at the replay's
       shapes (the batch padded to the smallest of ``buckets`` holding its rows).
 
+    ``checker``: another :class:`harness.oracle.Checker` than the test's one (``runner_checker``), for calls made
+    from another thread: each thread's calls then keep and check their own results, in their own order.
     ``replayed`` (default: whether a bucket holds the batch's rows) says whether the runner should replay or
     run eagerly; ``"either"`` where the contract lets it choose (then values are held to the tolerance table).
     A model with state of its own (a KV cache) runs its eager twin on a copy: ``twin(batch)`` is then the oracle
@@ -93,7 +95,8 @@ def check_run(runner_checker: Checker, exact_comparison: Callable[[torch.dtype],
     def call(runner: Any, model: torch.nn.Module, batch: ForwardBatch, /, *, via: str | Callable[..., Any] = "run",
              mode: str | None = None, dtype: torch.dtype = torch.float32, buckets: tuple[int, ...] = BUCKETS,
              replayed: bool | str | None = None, twin: Callable[[ForwardBatch], Any] | None = None,
-             modules: Sequence[torch.nn.Module] | None = None, **details: Any) -> Any:
+             modules: Sequence[torch.nn.Module] | None = None, checker: Checker | None = None,
+             **details: Any) -> Any:
         __tracebackhide__ = True
         bitwise = exact_comparison(dtype)
         rows = batch.num_tokens + batch.num_padding
@@ -105,7 +108,7 @@ def check_run(runner_checker: Checker, exact_comparison: Callable[[torch.dtype],
             twin = (lambda b: eager(model, b)) if not batch.num_padding else (lambda b: eager_padded(model, b, rows))
         call_runner = via if callable(via) else getattr(runner, via)
         shown = {"dtype": str(dtype), "batch": batch.describe(), "via": getattr(via, "__name__", via), **details}
-        actual = runner_checker.call(
+        actual = (checker or runner_checker).call(
             lambda: call_runner(batch), lambda: twin(batch), inputs=batch,
             modules=[model] if modules is None else modules,
             exact=bitwise and not either and (given_twin or bucket is None),

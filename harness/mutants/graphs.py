@@ -634,7 +634,7 @@ class DenseStaticOutputs(GraphCapturer):
     graph_class = _DenseOutputGraph
 
 
-# --- CUDA only: warm-up and memory pools (the emulated backend models neither) -----------------------------
+# --- warm-up (CUDA only: the emulated backend does not model it) and memory pools ---------------------------
 
 
 @MUTANTS.add("warm-up-skipped", backends={"cuda"}, bug="the capturer skips the warm-up (the capture runs the "
@@ -651,7 +651,7 @@ _PROCESS_POOLS: dict[int, Any] = {}
 _GRAPHS_IN_SHARED_POOLS: list[BreakableGraph] = []
 
 
-@MUTANTS.add("default-pool-shared", backends={"cuda"}, bug="a capture given no pool uses one pool shared by every "
+@MUTANTS.add("default-pool-shared", bug="a capture given no pool uses one pool shared by every "
          "such capture, so an unrelated graph's replay overwrites memory another graph's output lives in")
 class DefaultPoolShared(GraphCapturer):
     def capture(self, fn: Callable[[], Any], *, pool: Any = None, warmup_runs: int = 1) -> BreakableGraph:

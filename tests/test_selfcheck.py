@@ -194,7 +194,7 @@ def test_a_mutant_judged_on_cuda_only_is_skipped_elsewhere_and_says_so(tmp_path:
     outcomes = selfcheck.run_selfcheck(components=["graphs"], graph_backend="emulated", device="cpu", jobs=1,
                                        root=tmp_path)
     cuda_only = {impl.name for impl in impls.mutants("graphs") if impl.backends == {"cuda"}}
-    assert {"mutant:warm-up-skipped", "mutant:default-pool-shared"} <= cuda_only
+    assert "mutant:warm-up-skipped" in cuda_only
     assert not cuda_only & set(ran), "a mutant judged on cuda only ran on the emulated backend"
     skipped = {o.spec: o for o in outcomes if o.verdict == "skipped"}
     assert set(skipped) == cuda_only

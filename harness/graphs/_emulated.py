@@ -5,8 +5,12 @@ backends); :attr:`EmulatedBackend.warm_up_difference` says why the warm-up tests
 
 from __future__ import annotations
 
+import bisect
 import contextlib
+import contextvars
 import dataclasses
+import itertools
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -29,11 +33,83 @@ def _storage_key(tensor: torch.Tensor) -> int | None:
         return None
 
 
+# The capture (one ``capture_context``, all its segments) a recording belongs to: a pool hands a capture
+# the blocks that earlier captures no longer hold, never its own (re-carving inside one capture is not modelled).
+_CAPTURE_EPOCH: contextvars.ContextVar[int | None] = contextvars.ContextVar("emulated_capture_epoch", default=None)
+_EPOCHS = itertools.count(1)
+
+
+def _view_over(storage: torch.UntypedStorage, like: torch.Tensor) -> torch.Tensor:
+    """A new tensor over ``storage`` with ``like``'s dtype and geometry (made outside any dispatch mode)."""
+    with _disable_current_modes(), torch.no_grad():
+        return torch.empty((0,), dtype=like.dtype, device=like.device).set_(
+            storage, like.storage_offset(), like.shape, like.stride())
+
+
+def _copy_bytes(destination: torch.UntypedStorage, source: torch.UntypedStorage) -> None:
+    nbytes = source.nbytes()
+    with _disable_current_modes(), torch.no_grad():
+        def as_bytes(storage: torch.UntypedStorage) -> torch.Tensor:
+            return torch.empty((0,), dtype=torch.uint8, device=storage.device).set_(storage, 0, (nbytes,), (1,))
+
+        as_bytes(destination).copy_(as_bytes(source))
+
+
+class _Block:
+    """Memory a capture allocated in a pool, as a CUDA graph pool's block.
+
+    The pool keeps the memory (``storage``, its one reference) as long as the pool lives, and the graphs
+    recorded over it read and write it through tensors of their own (``aliases``). Neither is an owner:
+    the block is *free* when nothing else (the program, the capturer, autograd) holds a tensor over it,
+    and a later capture into the pool may then re-carve it, as CUDA's caching allocator does. The graphs
+    recorded over it keep writing it at replay, whoever uses it now."""
+
+    def __init__(self, storage: torch.UntypedStorage, epoch: int | None, sequence: int) -> None:
+        self.storage = storage
+        self.nbytes = storage.nbytes()
+        self.epoch = epoch
+        self.sequence = sequence
+        self.aliases: weakref.WeakSet[torch.Tensor] = weakref.WeakSet()
+
+    def alias(self, like: torch.Tensor) -> torch.Tensor:
+        """A tensor of the emulation's own over this block, with ``like``'s geometry; it owns nothing."""
+        tensor = _view_over(self.storage, like)
+        self.aliases.add(tensor)
+        return tensor
+
+    def is_free(self) -> bool:
+        # The storage's references: the pool's storage object (one), the aliases, and every other holder.
+        return torch._C._storage_Use_Count(self.storage._cdata) == 1 + len(self.aliases)
+
+
 class _EmulatedPool:
-    """Stands for a CUDA graph pool: remembers which storages captures in it allocated."""
+    """Stands for a CUDA graph pool: remembers which storages captures in it allocated (``owned_storages``),
+    and keeps the memory of those it can hand out again (``blocks``, see :class:`_Block`)."""
 
     def __init__(self) -> None:
         self.owned_storages: set[int] = set()
+        self.blocks: dict[int, _Block] = {}
+        self._by_size: list[_Block] = []  # smallest first, then oldest: the order carve() tries them in
+        self._sequence = itertools.count()
+
+    def add(self, storage: torch.UntypedStorage, epoch: int | None) -> _Block:
+        block = _Block(storage, epoch, next(self._sequence))
+        self.blocks[storage._cdata] = block
+        self.owned_storages.add(storage._cdata)
+        bisect.insort(self._by_size, block, key=lambda block: (block.nbytes, block.sequence))
+        return block
+
+    def carve(self, nbytes: int, epoch: int | None) -> _Block | None:
+        """A free block an earlier capture allocated, of at least ``nbytes``: the smallest, then the oldest
+        (CUDA's caching allocator takes the best fit, then the lowest address; it also splits and merges
+        blocks, which this does not)."""
+        if epoch is None:
+            return None
+        start = bisect.bisect_left(self._by_size, nbytes, key=lambda block: block.nbytes)
+        for block in itertools.islice(self._by_size, start, None):
+            if block.epoch is not None and block.epoch < epoch and block.is_free():
+                return block
+        return None
 
 
 @dataclasses.dataclass
@@ -120,17 +196,18 @@ def _call_site() -> str:
 
 
 class _Recorder(TorchDispatchMode):
-    def __init__(self, pool: _EmulatedPool, device_type: str) -> None:
+    def __init__(self, pool: _EmulatedPool, device_type: str, epoch: int | None = None) -> None:
         super().__init__()
         self.pool = pool
         self.device_type = device_type  # the device the graph stands for
+        self.epoch = epoch  # the capture this recording belongs to (None: outside any capture_context)
         self.ops: list[_RecordedOp] = []
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         check_capturable(func, args, kwargs)
         result = func(*args, **kwargs)
-        flat_result, _ = tree_flatten(result)
+        flat_result, result_spec = tree_flatten(result)
         if func.overloadpacket.__name__ == "lift_fresh":
             # torch.tensor(...) data is copied from Python outside dispatch and only lifted here. On the
             # graph's device that is a host-to-device copy of pageable memory, which CUDA refuses; a
@@ -146,17 +223,54 @@ class _Recorder(TorchDispatchMode):
             return result
         leaves, spec = tree_flatten((args, kwargs))
         input_storages = {_storage_key(leaf) for leaf in leaves if isinstance(leaf, torch.Tensor)}
-        recorded_leaves = [
-            _ExternalTensor.of(leaf) if isinstance(leaf, torch.Tensor) and self._is_external(leaf) else leaf
-            for leaf in leaves
-        ]
+        recorded_leaves = [self._record_leaf(leaf) for leaf in leaves]
         # Views and in-place results share an input's storage: replaying the op updates them already.
-        fresh = [(position, out) for position, out in enumerate(flat_result)
-                 if isinstance(out, torch.Tensor) and _storage_key(out) not in input_storages]
-        self._own(out for _, out in fresh)
+        fresh: dict[int | None, list[tuple[int, torch.Tensor]]] = {}
+        for position, out in enumerate(flat_result):
+            if isinstance(out, torch.Tensor) and _storage_key(out) not in input_storages:
+                fresh.setdefault(_storage_key(out), []).append((position, out))
+        refresh: list[tuple[int, torch.Tensor]] = []
+        relocated = False
+        inputs = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
+        for key, outs in fresh.items():
+            block = self.pool.blocks.get(key) if key is not None else None
+            # An argument handed back (set_ onto another storage) stays the program's own object.
+            if block is None and self._poolable(outs[0][1]) and not any(out is leaf for _, out in outs
+                                                                          for leaf in inputs):
+                storage = outs[0][1].untyped_storage()
+                block = self.pool.carve(storage.nbytes(), self.epoch)
+                if block is not None:
+                    # Memory an earlier capture freed: the result is handed out there, as CUDA re-carves it.
+                    _copy_bytes(block.storage, storage)
+                    for position, out in outs:
+                        flat_result[position] = _view_over(block.storage, out)
+                    relocated = True
+                else:
+                    block = self.pool.add(storage, self.epoch)
+            if block is None:
+                self._own(out for _, out in outs)
+                refresh.extend(outs)
+            else:
+                refresh.extend((position, block.alias(out)) for position, out in outs)
         waits = [position for position, out in enumerate(flat_result) if _is_work(out)]
-        self.ops.append(_RecordedOp(func, spec, recorded_leaves, fresh, waits))
-        return result
+        self.ops.append(_RecordedOp(func, spec, recorded_leaves, refresh, waits))
+        return tree_unflatten(flat_result, result_spec) if relocated else result
+
+    def _record_leaf(self, leaf: Any) -> Any:
+        """What the recorded op keeps of one argument: a weak handle of an external tensor, a tensor of its
+        own over a pool block (so that the graph owns nothing the program could release), else the leaf."""
+        if not isinstance(leaf, torch.Tensor):
+            return leaf
+        if self._is_external(leaf):
+            return _ExternalTensor.of(leaf)
+        block = self.pool.blocks.get(_storage_key(leaf))  # type: ignore[arg-type]
+        return leaf if block is None else block.alias(leaf)
+
+    def _poolable(self, tensor: torch.Tensor) -> bool:
+        """A plain dense tensor on the graph's device with memory: what a pool block can stand for."""
+        return (type(tensor) is torch.Tensor and tensor.layout == torch.strided and not tensor.is_quantized
+                and tensor.device.type == self.device_type and tensor.device.type != "meta"
+                and _storage_key(tensor) is not None and tensor.untyped_storage().nbytes() > 0)
 
     def _own(self, tensors: Any) -> None:
         for tensor in tensors:
@@ -171,7 +285,7 @@ class _Recorder(TorchDispatchMode):
 
 class _EmulatedRecording:
     def __init__(self, pool: _EmulatedPool, device_type: str) -> None:
-        self.recorder = _Recorder(pool, device_type)
+        self.recorder = _Recorder(pool, device_type, _CAPTURE_EPOCH.get())
         self.recorder.__enter__()
 
     def end(self) -> _EmulatedSegment:
@@ -236,8 +350,12 @@ class EmulatedBackend(GraphBackend):
     def capture_context(self) -> Iterator[None]:
         # Dynamo skips a frame that runs under a dispatch mode and remembers the skip, so without
         # this a compiled function captured here would run eagerly for the rest of the process.
-        with torch.compiler.set_stance("force_eager"), _refuse_tolist():
-            yield
+        token = _CAPTURE_EPOCH.set(next(_EPOCHS))
+        try:
+            with torch.compiler.set_stance("force_eager"), _refuse_tolist():
+                yield
+        finally:
+            _CAPTURE_EPOCH.reset(token)
 
     def begin_segment(self, pool: _EmulatedPool) -> _EmulatedRecording:
         return _EmulatedRecording(pool, self.device_type)

@@ -694,7 +694,7 @@ class ReplayingBreakShared(GraphCapturer):
     graph_class = _SharedSlotGraph
 
 
-# --- CUDA only: warm-up and memory pools (the emulated backend models neither) -----------------------------
+# --- warm-up (CUDA only: the emulated backend does not model it) and memory pools ---------------------------
 
 
 @MUTANTS.add("warm-up-skipped", backends={"cuda"}, bug="the capturer skips the warm-up (the capture runs the "
@@ -711,7 +711,7 @@ _PROCESS_POOLS: dict[int, Any] = {}
 _GRAPHS_IN_SHARED_POOLS: list[BreakableGraph] = []
 
 
-@MUTANTS.add("default-pool-shared", backends={"cuda"}, bug="a capture given no pool uses one pool shared by every "
+@MUTANTS.add("default-pool-shared", bug="a capture given no pool uses one pool shared by every "
          "such capture, so an unrelated graph's replay overwrites memory another graph's output lives in")
 class DefaultPoolShared(GraphCapturer):
     def capture(self, fn: Callable[[], Any], *, pool: Any = None, warmup_runs: int = 1) -> BreakableGraph:
@@ -725,3 +725,66 @@ class DefaultPoolShared(GraphCapturer):
         graph = super().capture(fn, pool=_PROCESS_POOLS[id(type(self.backend))], warmup_runs=warmup_runs)
         _GRAPHS_IN_SHARED_POOLS.append(graph)
         return graph
+
+
+# --- pool lifetime: what the capturer keeps alive in a shared pool ------------------------------------------
+
+
+class _WeakTensor:
+    """What a weak reference to a break argument keeps (SGLang's ``weak_ref_tensors``, vLLM's ``weak_ref_tensor``):
+    the tensor's memory and geometry, not its ownership. While the storage lives (the program, or the emulated
+    pool's graphs, still hold it) it is read there; on CUDA, once it is gone, an unowned alias reads whatever the
+    allocator has put at its address since, as theirs does; a released host tensor cannot be read safely."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        from torch.multiprocessing.reductions import StorageWeakRef
+
+        storage = tensor.untyped_storage()
+        self.storage = StorageWeakRef(storage)
+        self.address, self.nbytes = storage.data_ptr(), storage.nbytes()
+        self.geometry = (tensor.storage_offset(), tuple(tensor.shape), tuple(tensor.stride()))
+        self.dtype, self.device = tensor.dtype, tensor.device
+
+    def resolve(self) -> torch.Tensor:
+        if not self.storage.expired():
+            storage = torch.UntypedStorage._new_with_weak_ptr(self.storage.cdata)
+        elif self.device.type == "cuda":
+            storage = torch._C._construct_storage_from_data_pointer(self.address, self.device, self.nbytes)
+        else:
+            raise ReplayError("a break argument held by a weak reference was released, and host memory cannot be "
+                              "read after it is freed")
+        offset, shape, stride = self.geometry
+        with torch.no_grad():
+            return torch.empty((0,), dtype=self.dtype, device=self.device).set_(storage, offset, shape, stride)
+
+
+def _weakly(value: Any) -> Any:
+    return _WeakTensor(value) if isinstance(value, torch.Tensor) and value.numel() > 0 else value
+
+
+class _WeakArgumentsSession(CaptureSession):
+    def run_break(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        output = super().run_break(fn, args, kwargs)
+        step = self.steps[-1]  # the break's output stays a strong reference, its tensor arguments do not
+        step.args = tuple(_weakly(value) for value in step.args)
+        step.kwargs = {name: _weakly(value) for name, value in step.kwargs.items()}
+        return output
+
+
+class _WeakArgumentsGraph(BreakableGraph):
+    def replay_break(self, step: Break) -> None:
+        def resolve(value: Any) -> Any:
+            return value.resolve() if isinstance(value, _WeakTensor) else value
+
+        args = tuple(resolve(value) for value in step.args)
+        kwargs = {name: resolve(value) for name, value in step.kwargs.items()}
+        step.output = write_back(step.output, step.fn(*args, **kwargs))
+
+
+@MUTANTS.add("break-args-held-weakly", bug="a break's tensor arguments are kept as weak references (SGLang 0.5.23's "
+         "_weak_ref_if_tensor, vLLM 0.33.0's weak_ref_tensor): once the program drops a segment's intermediate "
+         "passed to a break, its block in the shared pool is free, a later capture re-carves it, and the break "
+         "reads that graph's data whenever it replays between the segment and the break (SGLang #37606)")
+class BreakArgumentsHeldWeakly(GraphCapturer):
+    session_class = _WeakArgumentsSession
+    graph_class = _WeakArgumentsGraph

@@ -1,0 +1,168 @@
+"""Pool lifetime: what a capturer keeps alive in a shared pool, under allocator churn and later captures.
+
+An engine captures one graph per bucket, largest first, into one pool. When a capture ends, every block of the
+pool that nothing holds any more is free, and the next bucket's capture re-carves it. A graph's replay writes all
+of its blocks, so graphs sharing a pool may overwrite whatever a *later* capture put in their freed blocks: a later
+graph's outputs are valid only until an earlier graph replays (PyTorch's pool contract; these tests never read
+them then, which would fail under any capturer). What a capturer must keep alive is what a graph still reads or
+hands out after a capture: the arguments a break reads and what it returned, and the graph's output. A block
+under one of those must never be re-carved, whatever the program still holds.
+
+The graph's own replay writes a break's arguments before the break reads them, so a block re-carved under them
+shows only when another graph of the pool replays in between: from the eager region itself (a break that runs a
+draft model's or a sub-module's graph). The programs below do that, so that a capturer holding break arguments
+weakly (SGLang #37606) reads the other graph's data there, on the emulated backend as on CUDA.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from harness.compare import assert_equivalent
+from harness.graphs import eager_on_graph
+from harness.plugin.profiles import capped_examples
+
+pytestmark = pytest.mark.clause("pools")
+
+WIDTH = 16
+BUCKETS = (12, 8, 5)  # rows, captured largest first as engines capture their buckets
+HEADS = 4
+
+
+def _attend(h: torch.Tensor, r: torch.Tensor, out: torch.Tensor) -> None:
+    out.copy_(torch.tanh(h) * r + h)
+
+
+@eager_on_graph
+def attend(h: torch.Tensor, r: torch.Tensor, out: torch.Tensor, run_other_graphs: Callable[[], None]) -> None:
+    """The eager region between the segments (attention's place, with its conventions: it writes a buffer the
+    segment before it allocated, and returns nothing). Other graphs of the pool run first, then it reads the
+    arguments that segment computed."""
+    run_other_graphs()
+    _attend(h, r, out)
+
+
+def _layer(x: torch.Tensor, weights: tuple[torch.Tensor, ...],
+           attention: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]) -> torch.Tensor:
+    w_in, *heads = weights
+    h = torch.relu(x @ w_in)
+    r = h * 0.5 - x  # h and r: segment intermediates the program drops after the capture, read by the break
+    y = torch.empty_like(h)
+    attention(h, r, y)
+    # Several blocks alive at once: a later bucket's capture takes every block an earlier one left free.
+    partial = [torch.tanh(y @ w) for w in heads]
+    out = partial[0]
+    for p in partial[1:]:
+        out = out + p
+    return out
+
+
+class Bucket:
+    """One bucket of the engine: its static input ``x`` (rows x WIDTH), shared weights, and the graphs of the pool
+    its eager region replays (``others``, set after every bucket is captured)."""
+
+    def __init__(self, x: torch.Tensor, weights: tuple[torch.Tensor, ...]) -> None:
+        self.x, self.weights = x, weights
+        self.others: list = []
+
+    def run_others(self) -> None:
+        for graph in self.others:
+            graph.replay()
+
+    def forward(self) -> torch.Tensor:
+        return _layer(self.x, self.weights, lambda h, r, y: attend(h, r, y, self.run_others))
+
+    def eager(self) -> torch.Tensor:
+        """The program as the graph must see it: the other graphs' replays change none of its values."""
+        return _layer(self.x, self.weights, _attend)
+
+
+def _churn(device: torch.device, sizes: list[tuple[int, bool]], kept: list[torch.Tensor]) -> None:
+    """Allocations between captures and replays, some kept, some released (on CUDA they move the caching
+    allocator's free lists; the graphs' pool is not theirs to take)."""
+    for size, keep in sizes:
+        scratch = torch.full((size,), float("nan"), device=device)
+        if keep:
+            kept.append(scratch)
+        elif kept:
+            kept.pop(0)
+
+
+churns = st.lists(st.tuples(st.integers(1, 4096), st.booleans()), max_size=4)
+
+
+@st.composite
+def schedules(draw):
+    """Which later graphs each bucket's eager region replays, in which order; the top-level replays (every
+    bucket once, in any order, and up to two more); the churn before each capture and each replay."""
+    count = len(BUCKETS)
+    inside = [draw(st.permutations(range(index + 1, count))) for index in range(count)]
+    replays = draw(st.permutations(range(count))) + draw(st.lists(st.integers(0, count - 1), max_size=2))
+    return {"inside": inside, "replays": replays,
+            "capture_churn": [draw(churns) for _ in range(count)],
+            "replay_churn": [draw(churns) for _ in replays]}
+
+
+# Each example is three captures (on CUDA each collects garbage first) and about five checked replays.
+@capped_examples(10)
+@given(schedule=schedules(), seed=st.integers(0, 2**16))
+def test_break_arguments_outlive_later_captures_into_the_pool(graph_oracle, make_tensor, device, exact, schedule,
+                                                               seed):
+    """Buckets captured largest first into one pool, with churn between captures; each bucket's eager region
+    replays the graphs captured after it (which re-carved whatever it left free), then reads its arguments.
+    Every replay equals eager, and every graph captured before the one just replayed still holds its output."""
+    oracle = graph_oracle.fresh()
+    weights = tuple(make_tensor(WIDTH, WIDTH, seed=seed + k) * 0.25 for k in range(HEADS + 1))
+    buckets = [Bucket(make_tensor(rows, WIDTH, seed=seed + 10 + index), weights) for index, rows in enumerate(BUCKETS)]
+    pool = oracle.new_pool()
+    kept: list[torch.Tensor] = []
+    graphs = []
+    for index, bucket in enumerate(buckets):
+        _churn(device, schedule["capture_churn"][index], kept)
+        graphs.append(oracle.capture(bucket.forward, pool=pool, bucket=BUCKETS[index]))
+    for index, bucket in enumerate(buckets):
+        bucket.others = [graphs[later] for later in schedule["inside"][index]]
+    # Whether a graph's output is its last replay's: not before its first replay (a CUDA capture runs nothing),
+    # and not after a graph captured before it replays (that one's freed blocks may hold it: the pool contract).
+    current = [False] * len(buckets)
+    for step, index in enumerate(schedule["replays"]):
+        _churn(device, schedule["replay_churn"][step], kept)
+        bucket = buckets[index]
+        bucket.x.copy_(make_tensor(*bucket.x.shape, seed=seed + 100 + step))
+        where = {"bucket": BUCKETS[index], "replay": step, "order": schedule["replays"],
+                 "replayed inside its eager region": [BUCKETS[later] for later in schedule["inside"][index]]}
+        oracle.replay(graphs[index], bucket.eager, inputs=[bucket.x, *weights], exact=exact, **where)
+        current = [ok and earlier < index for earlier, ok in enumerate(current)]
+        current[index] = True
+        for earlier in range(index):
+            if current[earlier]:
+                assert_equivalent(graphs[earlier].output, buckets[earlier].eager(), exact=exact, context={
+                    "checking": f"the output of bucket {BUCKETS[earlier]} (captured earlier, in the same pool) after "
+                                f"bucket {BUCKETS[index]} replayed", **where})
+
+
+@capped_examples(10)
+@given(churn=st.lists(churns, min_size=2, max_size=2), seed=st.integers(0, 2**16))
+def test_graphs_captured_without_a_pool_keep_their_outputs(graph_oracle, make_tensor, device, exact, churn, seed):
+    """Two buckets captured with no pool, churn around the captures: each has a pool of its own, so replaying the
+    first (captured first, whose freed blocks a shared pool would hand to the second's output) leaves the second's
+    output as its last replay left it."""
+    oracle = graph_oracle.fresh()
+    weights = tuple(make_tensor(WIDTH, WIDTH, seed=seed + k) * 0.25 for k in range(HEADS + 1))
+    first, second = (Bucket(make_tensor(rows, WIDTH, seed=seed + 10 + i), weights)
+                     for i, rows in enumerate(BUCKETS[:2]))
+    kept: list[torch.Tensor] = []
+    _churn(device, churn[0], kept)
+    first_graph = oracle.capture(first.forward, bucket=BUCKETS[0])
+    _churn(device, churn[1], kept)
+    second_graph = oracle.capture(second.forward, bucket=BUCKETS[1])
+    oracle.replay(second_graph, second.eager, inputs=[second.x, *weights], exact=exact, bucket=BUCKETS[1])
+    first.x.copy_(make_tensor(*first.x.shape, seed=seed + 99))
+    oracle.replay(first_graph, first.eager, inputs=[first.x, *weights], exact=exact, bucket=BUCKETS[0])
+    assert_equivalent(second_graph.output, second.eager(), exact=exact, context={
+        "checking": f"the output of bucket {BUCKETS[1]} after bucket {BUCKETS[0]}, captured without a pool, replayed"})

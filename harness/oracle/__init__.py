@@ -2,7 +2,8 @@
 
 Safe to use: :class:`Checker` (``.call`` and ``.construct``), :func:`check_call`, :data:`CALLING_MODES` with
 :func:`calling_mode`, :func:`process_state_kept` (around the harness's own smoke calls), and :data:`ALLOWED`, the
-table of differences a component's contract permits (extend it with a reason, never to make a failure pass)."""
+table of differences a component's contract permits (extend it with a reason, never to make a failure pass).
+:mod:`harness.oracle.concurrency` makes calls from several threads overlap for certain, for the thread tests."""
 
 from harness.oracle._allowed import ALLOWED, allowed
 from harness.oracle._checker import CALLING_MODES, Checker, calling_mode, check_call

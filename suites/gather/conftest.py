@@ -107,7 +107,7 @@ class GatherCalls:
         """The same calls with no kept results: what one hypothesis example returned is no business of the next
         (a failure must replay from its own example). With ``in_turns``, each call of the implementation (not its
         eager twin, not the checks) runs inside ``in_turns()``: a thread's turns at a
-        :class:`~harness.concurrency.Lockstep`, so that the calls of several threads, each with its own
+        :class:`~harness.oracle.concurrency.Lockstep`, so that the calls of several threads, each with its own
         ``GatherCalls``, run interleaved op by op."""
         gather = self.gather
         if in_turns is not None:

@@ -2,7 +2,7 @@
 
 Each thread has its own checker (``check_gather.anew()``), which compares each call with eager indexing of that
 call's own arguments and holds the results of its last calls to see that no later call, in either thread,
-changes them. A gather is one opaque call, so the overlap is made by a :class:`~harness.concurrency.Lockstep`:
+changes them. A gather is one opaque call, so the overlap is made by a :class:`~harness.oracle.concurrency.Lockstep`:
 the two threads' calls start together and run op by op in turn, the same way at every run, so state one call
 leaves between two of its ops (a shared workspace) is met by the other call for certain, not by luck."""
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.concurrency import Lockstep, run_in_threads
 from harness.gather import GatherCase
+from harness.oracle.concurrency import Lockstep, run_in_threads
 
 pytestmark = pytest.mark.clause("bit-identical")
 

@@ -1,7 +1,7 @@
 """Concurrent callers (docs/graphs.md): what the contract promises to two threads, and nothing more.
 
 Each thread has its own oracle (its own checker), so every replay is compared with its own program run eagerly in
-that thread. The overlap is forced, not hoped for: a :class:`~harness.concurrency.Rendezvous` inside a break or
+that thread. The overlap is forced, not hoped for: a :class:`~harness.oracle.concurrency.Rendezvous` inside a break or
 inside the captured function holds each thread there until the other has arrived. Graphs are captured one at a
 time (the contract asks the caller to serialise captures), and each graph has its own pool and static tensors."""
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness.concurrency import Rendezvous, run_in_threads
 from harness.graphs import eager_on_graph, is_capturing
+from harness.oracle.concurrency import Rendezvous, run_in_threads
 
 pytestmark = pytest.mark.clause("per-thread")
 

@@ -2,7 +2,7 @@
 
 Each thread's calls go through ``check_run`` with a checker of their own, so every result is compared with eager
 on that thread's model and batch, and each thread's results must survive the other thread's calls. A
-:class:`~harness.concurrency.Rendezvous` in a forward pre-hook on each runner's layer module holds every forward
+:class:`~harness.oracle.concurrency.Rendezvous` in a forward pre-hook on each runner's layer module holds every forward
 of a thread there until the other thread's forward has arrived too: the two replays are both under way (each
 runner's layer forward patched, its forward context published) when either calls its layer stack."""
 
@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.concurrency import Rendezvous, run_in_threads
 from harness.models import build_model
 from harness.oracle import Checker
+from harness.oracle.concurrency import Rendezvous, run_in_threads
 from harness.runner.cases import SEED, make_batch
 
 pytestmark = pytest.mark.clause("concurrent-runners")

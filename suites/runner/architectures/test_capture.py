@@ -143,20 +143,24 @@ def _capture_shard(shard, graph_backend, device):
 
 
 @pytest.fixture(scope="module")
-def capture_shard(graph_backend, device, tmp_path_factory):
+def capture_shard(graph_backend, device, tmp_path_factory, pytestconfig):
     """``capture_shard(k)``: shard ``k`` of every architecture against every rule (reference runner, selected
     graph backend), computed once per run: under pytest-xdist the first worker to need a shard writes it
     (plain JSON) where the others read it, instead of every worker building and capturing it again."""
     computed = {}
+    # This process's own xdist run, if it is a worker: not PYTEST_XDIST_WORKER, which a pytest started from a
+    # worker's test inherits (its basetemp's parent is then every run's, and it read an earlier run's matrix).
+    worker_input = getattr(pytestconfig, "workerinput", None)
 
     def shard_of(shard):
         if shard not in computed:
-            if not os.environ.get("PYTEST_XDIST_WORKER"):
+            if worker_input is None:
                 computed[shard] = _capture_shard(shard, graph_backend, device)
             else:
                 from filelock import FileLock
 
-                shared = tmp_path_factory.getbasetemp().parent / f"capture-matrix-{shard}.json"
+                run = worker_input["testrunuid"]
+                shared = tmp_path_factory.getbasetemp().parent / f"capture-matrix-{run}-{shard}.json"
                 with FileLock(str(shared) + ".lock"):
                     if not shared.is_file():
                         shared.write_text(json.dumps(_capture_shard(shard, graph_backend, device)))

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import importlib.machinery
-import os
 import subprocess
 import sys
 import types
@@ -22,6 +20,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from engine_releases import extraction_script, needs_release_wheel, release_wheel
 from torch import nn
 
 from harness.adapters.sglang import SGLANG_VERSION, sglang_0_5_23_rule
@@ -32,27 +31,12 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / ".ci" / "gpu" / "extract-sglang"
 
 
-def _wheel() -> Path | None:
-    given = os.environ.get("HARNESS_SGLANG_WHEEL")
-    if given:
-        return Path(given) if Path(given).is_file() else None
-    found = sorted(Path("/tmp/sglang-wheel").glob(f"sglang-{SGLANG_VERSION}-*.whl"))
-    return found[0] if found else None
-
-
-WHEEL = _wheel()
-needs_wheel = pytest.mark.skipif(
-    WHEEL is None,
-    reason=f"no SGLang {SGLANG_VERSION} wheel here: set HARNESS_SGLANG_WHEEL to one, or put it in /tmp/sglang-wheel "
-           f"(pip download sglang=={SGLANG_VERSION} --no-deps -d /tmp/sglang-wheel)")
+WHEEL = release_wheel("sglang", SGLANG_VERSION)
+needs_wheel = needs_release_wheel(WHEEL, engine="sglang", name="SGLang", version=SGLANG_VERSION)
 
 
 def _script() -> types.ModuleType:
-    """The extraction script as a module (it has no .py suffix), for its tables."""
-    loader = importlib.machinery.SourceFileLoader("extract_sglang", str(SCRIPT))
-    module = types.ModuleType(loader.name)
-    loader.exec_module(module)
-    return module
+    return extraction_script(SCRIPT)
 
 
 def _extract(wheel: Path, folder: Path) -> subprocess.CompletedProcess:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from engine_releases import extraction_script, needs_release_wheel, release_wheel
 
 from harness import conformance, impls
 from harness.adapters.vllm import DOCUMENTED_AWAY, VLLM_VERSION, VLLMCapturer
@@ -36,29 +37,14 @@ SCRIPT = ROOT / ".ci" / "gpu" / "extract-vllm"
 BREAKABLE = "vllm/compilation/breakable_cudagraph.py"
 
 
-def _wheel() -> Path | None:
-    given = os.environ.get("HARNESS_VLLM_WHEEL")
-    if given:
-        return Path(given) if Path(given).is_file() else None
-    found = sorted(Path("/tmp/vllm-wheel").glob(f"vllm-{VLLM_VERSION}-*.whl"))
-    return found[0] if found else None
-
-
-WHEEL = _wheel()
-needs_wheel = pytest.mark.skipif(
-    WHEEL is None,
-    reason=f"no vLLM {VLLM_VERSION} wheel here: set HARNESS_VLLM_WHEEL to one, or put it in /tmp/vllm-wheel "
-           f"(pip download vllm=={VLLM_VERSION} --no-deps -d /tmp/vllm-wheel)")
+WHEEL = release_wheel("vllm", VLLM_VERSION)
+needs_wheel = needs_release_wheel(WHEEL, engine="vllm", name="vLLM", version=VLLM_VERSION)
 needs_no_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is not None,
                                    reason="vLLM is importable in this environment")
 
 
 def _script() -> types.ModuleType:
-    """The extraction script as a module (it has no .py suffix), for its tables and its import check."""
-    loader = importlib.machinery.SourceFileLoader("extract_vllm", str(SCRIPT))
-    module = types.ModuleType(loader.name)
-    loader.exec_module(module)
-    return module
+    return extraction_script(SCRIPT)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,36 @@
+"""What the engine-adapter tests share: an engine's release wheel, found here or not, and its extraction script
+loaded as a module (the scripts in .ci/gpu have no .py suffix)."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import os
+import types
+from pathlib import Path
+
+import pytest
+
+
+def release_wheel(engine: str, version: str) -> Path | None:
+    """The wheel ``HARNESS_<ENGINE>_WHEEL`` names, else the first ``/tmp/<engine>-wheel/<engine>-<version>-*.whl``."""
+    given = os.environ.get(f"HARNESS_{engine.upper()}_WHEEL")
+    if given:
+        return Path(given) if Path(given).is_file() else None
+    found = sorted(Path(f"/tmp/{engine}-wheel").glob(f"{engine}-{version}-*.whl"))
+    return found[0] if found else None
+
+
+def needs_release_wheel(wheel: Path | None, *, engine: str, name: str, version: str) -> pytest.MarkDecorator:
+    """Skip, saying where to put the wheel, where :func:`release_wheel` found none."""
+    return pytest.mark.skipif(
+        wheel is None,
+        reason=f"no {name} {version} wheel here: set HARNESS_{engine.upper()}_WHEEL to one, or put it in "
+               f"/tmp/{engine}-wheel (pip download {engine}=={version} --no-deps -d /tmp/{engine}-wheel)")
+
+
+def extraction_script(script: Path) -> types.ModuleType:
+    """The extraction script ``script`` as a module, for its tables and checks."""
+    loader = importlib.machinery.SourceFileLoader(script.name.replace("-", "_"), str(script))
+    module = types.ModuleType(loader.name)
+    loader.exec_module(module)
+    return module

@@ -301,7 +301,7 @@ def build_report(records: list[dict[str, Any]], clause_table: tuple[_clauses.Cla
     for clause in clause_table:
         tests = [t for t in outcomes.values() if t["clause"] == clause.id]
         outside = [] if clause.id in away else [
-            t for t in tests if t["outcome"] == "failed" and t.get("outside", set()) & set(away)]
+            t for t in tests if t["outcome"] == "failed" and t.get("outside", set()) & away.keys()]
         tests = [t for t in tests if t not in outside]
         result = ClauseResult(clause.id, clause.tier, clause.summary, NO_TEST,
                               passed=sum(t["outcome"] == "passed" for t in tests),
@@ -329,7 +329,7 @@ def build_report(records: list[dict[str, Any]], clause_table: tuple[_clauses.Cla
         result.stand_ins = sorted(set().union(*(t["stand_ins"] for t in on_stand_ins)))
         if outside:
             result.outside = [t["failure"] for t in outside]
-            result.outside_of = sorted(set().union(*(t["outside"] & set(away) for t in outside)))
+            result.outside_of = sorted(set().union(*(t["outside"] & away.keys() for t in outside)))
         results.append(result)
     # Core first, then strict; the table's order within each tier.
     results.sort(key=lambda r: r.tier != _clauses.CORE)
@@ -361,6 +361,12 @@ def _tests_passed(result: ClauseResult) -> str:
     return f"{judged} (+{len(result.outside)} outside the contract)" if result.outside else judged
 
 
+def _stand_ins(result: ClauseResult, *, code: str = "") -> str:
+    """Which stand-ins a clause's verdict rests on, and how many of its counted tests reached them."""
+    return (f"{code}{result.clause}{code} ({result.on_stand_ins} of {result.passed + result.failed} tests): "
+            + "; ".join(result.stand_ins))
+
+
 def _example(result: ClauseResult, *, code: str = "") -> str:
     """The first falsifying example (its test name quoted with ``code``), why the clause did not run, or the
     engine's sentence that documents it away."""
@@ -387,8 +393,7 @@ def format_text(report: ConformanceReport) -> str:
                      + (f"; {documented['note']}" if documented.get("note") else ""))
     for r in report.results:
         if r.stand_ins:
-            lines.append(f"\nrests on stand-ins: {r.clause} ({r.on_stand_ins} of {r.passed + r.failed} tests): "
-                         + "; ".join(r.stand_ins))
+            lines.append(f"\nrests on stand-ins: {_stand_ins(r)}")
     if report.unclassified:
         lines.append(f"\n{len(report.unclassified)} tests name no clause of {report.component} "
                      f"(harness/conformance/clauses.py): " + ", ".join(report.unclassified[:5]))
@@ -431,8 +436,7 @@ def format_markdown(report: ConformanceReport) -> str:
                 "These clauses' tests reached stand-ins for engine modules that cannot be imported here (each "
                 "stand-in's docstring says what it replaces and how it differs): their verdicts rest on the "
                 "stand-ins as much as on the engine's code.", ""]
-        out += [f"- `{r.clause}` ({r.on_stand_ins} of {r.passed + r.failed} tests): " + "; ".join(r.stand_ins)
-                for r in on_stand_ins]
+        out += [f"- {_stand_ins(r, code='`')}" for r in on_stand_ins]
     outside = [r for r in report.results if r.outside]
     if outside:
         out += ["", "### Failed outside the engine's documented contract", "",

@@ -371,3 +371,29 @@ def test_the_suites_child_gets_a_pythonpath_that_names_the_folder_it_was_given_i
                                     root=ROOT)
     (environment,) = started
     assert environment["PYTHONPATH"].split(os.pathsep)[:2] == [str(tmp_path), str(tmp_path / "src")]
+
+
+def test_a_bare_exception_from_an_engines_module_says_where_it_was_raised(pytester):
+    """An engine's plain ``assert`` fails with no message: the report names the engine file and line instead, as
+    a path from the folder it was imported from (no host folders)."""
+    pytester.syspathinsert()
+    pytester.makepyfile(engine_mod="""
+        def end_segment(graph):
+            assert graph is not None
+    """)
+    pytester.makepyfile(test_toy="""
+        import engine_mod
+
+        def test_bare():
+            engine_mod.end_segment(None)
+
+        def test_said():
+            raise ValueError("the buffer moved")
+    """)
+    pytester.runpytest("-p", "harness.conformance.plugin", "-p", "no:cacheprovider", "-p", "no:assertion",
+                       "--report-log", "log.jsonl").assert_outcomes(failed=2)
+    calls = {(entry["nodeid"].rpartition("::")[2]): dict(entry["user_properties"])
+             for entry in map(json.loads, (pytester.path / "log.jsonl").read_text().splitlines())
+             if entry.get("when") == "call"}
+    assert calls["test_bare"]["message"] == "AssertionError (raised at engine_mod.py:2)"
+    assert calls["test_said"]["message"] == "ValueError: the buffer moved"

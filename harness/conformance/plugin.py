@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from collections.abc import Generator
 from typing import Any
 
@@ -61,9 +62,20 @@ def failure_details(report: pytest.TestReport) -> dict[str, str]:
         message, rest = message[:start.start()], message[start.start():]
         end = _EXAMPLE_END.search(rest)
         example = (rest[:end.start()] if end else rest).strip()
+    message = message.strip()
+    if crash is not None and re.fullmatch(r"[\w.]+", message):  # a bare exception (SGLang's plain asserts)
+        message += f" (raised at {_short_path(str(crash.path))}:{crash.lineno})"
     reproduce = _REPRODUCE.search(text)
-    return {"message": message.strip(), "example": example,
+    return {"message": message, "example": example,
             "reproduce": reproduce.group(1).strip() if reproduce else ""}
+
+
+def _short_path(path: str) -> str:
+    """``path`` from the package root it was imported from (the longest ``sys.path`` entry above it), so that an
+    exception raised in an engine's module names the module's file, not the machine's folders."""
+    roots = [root for root in map(os.path.abspath, filter(None, sys.path))
+             if os.path.abspath(path).startswith(root + os.sep)]
+    return os.path.relpath(path, max(roots, key=len)) if roots else path
 
 
 def pytest_runtest_logstart(nodeid: str, location: tuple[str, int | None, str]) -> None:

@@ -57,6 +57,7 @@ COMPONENTS: tuple[Component, ...] = (
         suite="suites/runner",
         doc="docs/runner.md",
         fixture="runner_factory",
+        adapters={"sglang": "harness.adapters.sglang:load_runner"},
     ),
     Component(
         name="gather",

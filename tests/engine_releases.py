@@ -32,5 +32,6 @@ def extraction_script(script: Path) -> types.ModuleType:
     """The extraction script ``script`` as a module, for its tables and checks."""
     loader = importlib.machinery.SourceFileLoader(script.name.replace("-", "_"), str(script))
     module = types.ModuleType(loader.name)
+    module.__file__ = str(script)  # as when it runs: a script finds the files beside it from its own path
     loader.exec_module(module)
     return module

@@ -121,8 +121,10 @@ def _small_wheel(tmp_path: Path, *, utils: str = _UTILS, runner: str = _RUNNER,
     script = _script()
     wheel = tmp_path / f"sglang-{version}-py3-none-any.whl"
     with zipfile.ZipFile(wheel, "w") as archive:
-        for name in script.EXTRACTED:
-            archive.writestr(name, "")
+        cut_from = {path for path, _ in script.DISCOVERY_FUNCTIONS}
+        for name in (*script.EXTRACTED, *script.RUNNER_EXTRACTED):
+            if name not in cut_from:
+                archive.writestr(name, "")
         archive.writestr(script.DISCOVERY_FUNCTIONS[0][0], utils)
         archive.writestr(script.DISCOVERY_FUNCTIONS[1][0], runner)
     return wheel

@@ -1,10 +1,12 @@
-"""SGLang's shipped code under the suites: ``--impl graphs=sglang`` and ``--impl gather=sglang``, and SGLang's
-module discovery as a discovery rule (:func:`sglang_0_5_23_rule`).
+"""SGLang's shipped code under the suites: ``--impl graphs=sglang``, ``--impl gather=sglang`` and ``--impl
+runner=sglang``, and SGLang's module discovery as a discovery rule (:func:`sglang_0_5_23_rule`).
 
 ``graphs`` bridges SGLang's ``BreakableCUDAGraph`` to the capturer interface (breaks reach SGLang's
 ``eager_on_graph`` through :func:`harness.graphs.receive_breaks`); ``gather`` finds SGLang's
-``gather_spec_extras`` by name. Written against :data:`SGLANG_VERSION`; SGLang is imported only when
-selected. ``docs/graphs.md`` and ``docs/gather.md`` describe the bridges."""
+``gather_spec_extras`` by name; ``runner`` drives SGLang's ``PrefillCudaGraphRunner`` (its control path
+unchanged, its data path on the stand-ins of the folder ``.ci/gpu/extract-sglang`` makes). Written against
+:data:`SGLANG_VERSION`; SGLang is imported only when selected. ``docs/graphs.md``, ``docs/gather.md`` and
+``docs/runner.md`` describe the bridges."""
 
 from __future__ import annotations
 
@@ -19,14 +21,16 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from harness.errors import ImplementationError, UsageError
+from harness.batch import validate_buckets
+from harness.conformance.clauses import DocumentedAway, outside_contract, rests_on_stand_in
+from harness.errors import HarnessError, ImplementationError, UsageError
 from harness.graphs import EngineBreakBody, GraphBackend, receive_breaks
 
 if TYPE_CHECKING:
     from harness.runner.discovery import DiscoveryResult
 
-__all__ = ["SGLANG_VERSION", "SGLangCapturer", "SGLangGraph", "load_capturer", "load_gather", "engine_version",
-           "sglang_0_5_23_rule"]
+__all__ = ["SGLANG_VERSION", "DOCUMENTED_AWAY", "SGLangCapturer", "SGLangGraph", "SGLangRunner", "load_capturer",
+           "load_gather", "load_runner", "engine_version", "sglang_0_5_23_rule"]
 
 SGLANG_VERSION = "0.5.23"
 BREAKABLE_MODULE = "sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph"
@@ -253,3 +257,156 @@ def sglang_0_5_23_rule(model: nn.Module) -> DiscoveryResult:
         raise DiscoveryRefused("sglang_0_5_23", type(model).__name__,
                                f"SGLang's rule returned a {type(found).__name__} that is not a module of the model")
     return DiscoveryResult(found, path, False, "sglang_0_5_23", (path or "<root>",))
+
+
+# --- runner ------------------------------------------------------------------------------------------
+
+RUNNER_MODULE = "sglang.srt.model_executor.runner.prefill_cuda_graph_runner"
+RUNNER_STANDINS = "sglang_runner_standins"  # written by .ci/gpu/extract-sglang into the folder, beside sglang/
+_RUNNER_SOURCE = "sglang/srt/model_executor/runner/prefill_cuda_graph_runner.py"
+_RUNNER_NEEDS_CUDA = ("--impl runner=sglang runs SGLang's PrefillCudaGraphRunner, whose BreakableCudaGraphBackend "
+                      "captures real CUDA graphs, which the emulated backend cannot stand in for: run with --device "
+                      "cuda --graph-backend cuda on a GPU")
+_EAGER = ("ModelRunner's eager prefill (the harness's stand-in: the model's forward under the scheduler's no_grad, "
+          "per-token outputs cut to the real tokens)")
+_NO_GRAD = ("the scheduler's grad mode around a forward (the harness's stand-in: no_grad, inference_mode where "
+            "built in it)")
+
+DOCUMENTED_AWAY: dict[str, tuple[DocumentedAway, ...]] = {
+    "runner": (
+        DocumentedAway(
+            "fell-back-graph",
+            quote="This backend is unsupported for this model architecture.",
+            where=f"{_RUNNER_SOURCE}, PrefillCudaGraphRunner.__init__",
+            note="SGLang has no discovery fallback: where _resolve_transformer_layer_model finds no module with "
+                 "layers, the runner is not built (the adapter raises DiscoveryRefused with SGLang's message), so "
+                 "there is no whole-model graph to replay or refuse."),
+        DocumentedAway(
+            "discovery-reported",
+            quote="This backend is unsupported for this model architecture.",
+            where=f"{_RUNNER_SOURCE}, PrefillCudaGraphRunner.__init__",
+            note="With no fallback there is no fallback warning: every layout SGLang cannot resolve is refused, "
+                 "with or without strict_discovery."),
+    ),
+}
+
+
+def _runner_standins() -> Any:
+    """The folder's ``sglang_runner_standins`` (it imports SGLang's runner module); one line where either is missing."""
+    _import("runner=sglang", RUNNER_MODULE)
+    try:
+        return importlib.import_module(RUNNER_STANDINS)
+    except ModuleNotFoundError as error:
+        if error.name != RUNNER_STANDINS:
+            raise
+        raise ImplementationError(
+            f"--impl runner=sglang needs the data-path stand-ins of SGLang's prefill runner ({RUNNER_STANDINS}), "
+            f"written beside sglang/ by .ci/gpu/extract-sglang WHEEL DIR (an installed SGLang has its real engine, "
+            "which the adapter does not drive): make the folder and put it on PYTHONPATH") from None
+
+
+class SGLangRunner:
+    """The harness's runner interface (``docs/runner.md``) over SGLang 0.5.23's ``PrefillCudaGraphRunner`` with its
+    breakable backend: SGLang's ``__init__`` discovers the layer stack and captures every bucket, ``can_run_graph``
+    decides, ``execute`` replays. ``graphs`` only says which backend the suites selected: SGLang captures with its
+    own backend. Outputs are what SGLang's ``execute`` returns, not copied."""
+
+    def __init__(self, model: nn.Module, *, buckets: Any, graphs: Any, strict_discovery: bool = False) -> None:
+        if getattr(getattr(graphs, "backend", None), "name", "cuda") != "cuda" or not torch.cuda.is_available():
+            raise UsageError(_RUNNER_NEEDS_CUDA)
+        standins = _runner_standins()
+        self.model = model
+        self.buckets = validate_buckets(buckets)
+        from harness.runner.runner import RunnerStats  # at call time: the adapters package imports no runner
+
+        self.stats = RunnerStats()
+        self.built_in_inference_mode = torch.is_inference_mode_enabled()
+        # Bridge (configuration): the buckets are the server's prefill token shapes (--cuda-graph-bs-prefill).
+        standins.configure_prefill_buckets(self.buckets)
+        breakable = _import("runner=sglang", BREAKABLE_MODULE)
+        rests_on_stand_in(f"{RUNNER_STANDINS}.ModelRunner (the zoo model on one GPU, for SGLang's ModelRunner)")
+        try:
+            # Bridge (breaks): the zoo's attention is a harness break; inside SGLang's capture it goes to SGLang's
+            # eager_on_graph, as its own attention layers are marked.
+            with receive_breaks(_ForwardBreaks(breakable.eager_on_graph)), self._grad_mode():
+                self.inner = standins.PrefillCudaGraphRunner(standins.ModelRunner(model))
+        except RuntimeError as error:
+            if "could not resolve inner layer_model" not in str(error):
+                raise
+            from harness.runner.discovery import DiscoveryRefused
+
+            outside_contract("fell-back-graph")
+            raise DiscoveryRefused("sglang_0_5_23", type(model).__name__, str(error)) from error
+        self.stats.captures = len(self.inner.backend._graphs)
+        from harness.runner.discovery import DiscoveryResult
+
+        layer_model = self.inner.layer_model
+        path = next(name for name, module in model.named_modules() if module is layer_model)
+        self.discovery = DiscoveryResult(layer_model, path, False, "sglang_0_5_23", (path or "<root>",))
+        self._batch_class = importlib.import_module("sglang.srt.model_executor.forward_batch_info").ForwardBatch
+
+    def _grad_mode(self) -> Any:
+        # SGLang's scheduler runs every forward without autograd (its outer models' forwards carry no_grad too);
+        # the runner's execute relies on it.
+        rests_on_stand_in(_NO_GRAD)
+        return torch.inference_mode() if self.built_in_inference_mode else torch.no_grad()
+
+    def bucket_for(self, num_tokens: int) -> int:
+        from harness.batch import select_bucket
+
+        return select_bucket(num_tokens, self.buckets)
+
+    def _sglang_batch(self, batch: Any) -> Any:
+        return self._batch_class.from_harness(batch)
+
+    def can_run(self, batch: Any) -> bool:
+        return bool(self.inner.can_run_graph(self._sglang_batch(batch)))
+
+    def replay(self, batch: Any) -> Any:
+        forward_batch = self._sglang_batch(batch)
+        rows = len(forward_batch.input_ids)
+        if not self.inner.can_run_graph(forward_batch):
+            if rows > self.buckets[-1]:
+                self.bucket_for(rows)  # raises BucketError naming the count
+            raise HarnessError(f"SGLang's PrefillCudaGraphRunner.can_run_graph refuses {batch.describe()} "
+                               f"({rows} rows; buckets {list(self.buckets)})")
+        bucket = self.inner._pad_to_bucket(rows, self.inner.capture_num_tokens)
+        with self._grad_mode():
+            output = self.inner.execute(forward_batch)
+        self.stats.replays += 1
+        self.stats.replays_by_bucket[bucket] = self.stats.replays_by_bucket.get(bucket, 0) + 1
+        return output
+
+    def run(self, batch: Any) -> Any:
+        if self.can_run(batch):
+            return self.replay(batch)
+        rests_on_stand_in(_EAGER)
+        from harness.runner.runner import map_tensors
+
+        rows = batch.input_ids.shape[0]
+        with self._grad_mode():
+            output = self.model(batch.input_ids, batch.positions, batch)
+        self.stats.eager_fallbacks += 1
+        if rows == batch.num_tokens:
+            return output
+        return map_tensors(output, lambda t: t[:batch.num_tokens] if t.dim() and t.shape[0] == rows else t)
+
+    def capture_plan(self) -> dict[str, Any]:
+        # Bridge (names): SGLang keeps each shape's BreakableCUDAGraph in its backend, keyed by ShapeKey; the graph
+        # holds its segments and break callables privately.
+        graphs = {}
+        for key, graph in sorted(self.inner.backend._graphs.items(), key=lambda item: item[0].size):
+            graphs[str(key.size)] = {"segments": len(graph._segments), "breaks": len(graph._break_fns)}
+        return {"graphs": graphs}
+
+    def __repr__(self) -> str:
+        return f"<SGLangRunner buckets={list(self.buckets)} over {type(self.inner).__mro__[1].__qualname__}>"
+
+
+def load_runner(*, graph_backend: str | None = None) -> type[SGLangRunner]:
+    """The ``runner`` adapter (``--impl runner=sglang``): checks SGLang's runner module and its stand-ins import, and
+    that the selected graph backend is CUDA, then returns :class:`SGLangRunner` (the factory)."""
+    _runner_standins()
+    if graph_backend is not None and graph_backend != "cuda":
+        raise UsageError(_RUNNER_NEEDS_CUDA)
+    return SGLangRunner

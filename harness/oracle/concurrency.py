@@ -47,6 +47,11 @@ class Rendezvous:
         finally:
             self._armed = False
 
+    @property
+    def is_armed(self) -> bool:
+        """Whether the parties are meeting now (within :meth:`armed`)."""
+        return self._armed
+
     def wait(self) -> None:
         if self._armed:
             self._barrier.wait()

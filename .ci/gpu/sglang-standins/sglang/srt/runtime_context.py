@@ -38,7 +38,7 @@ class _Group:
 
 _PARALLEL = SimpleNamespace(tp_group=_Group(), tp_rank=0, num_dp_ranks=1, pp_size=1, attn_tp_size=1,
                             attn_dp_enabled=False, attn_cp_size=1, cp_strategy=None, dcp_enabled=False)
-_RESOURCES = SimpleNamespace(graph_memory_pool=None)
+_RESOURCES = SimpleNamespace(graph_memory_pool=None, graph_pool_borrow=None)  # Resources' defaults
 _STREAMS = {}
 
 

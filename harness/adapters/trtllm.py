@@ -62,8 +62,9 @@ def _import(spec: str, module: str) -> Any:
     except ModuleNotFoundError as error:
         if error.name and (error.name == "tensorrt_llm" or module.startswith(error.name + ".")):
             raise ImplementationError(_missing_line(spec, error)) from None
-        hint = (" (cuda-python: pip install cuda-bindings, or carry its wheel in .whl/)"
-                if error.name.partition(".")[0] == "cuda" else "") if error.name else ""
+        # The breakable graph asks the CUDA runtime through cuda-python, which torch does not bring.
+        cuda_python = (error.name or "").partition(".")[0] == "cuda"
+        hint = " (cuda-python: pip install cuda-bindings, or carry its wheel in .whl/)" if cuda_python else ""
         raise ImplementationError(f"--impl {spec}: importing TensorRT-LLM's {module} failed: it imports "
                                   f"{error.name!r}, which is not installed{hint}") from None
     except Exception as error:  # noqa: BLE001 - whatever the engine's import raises, in one line

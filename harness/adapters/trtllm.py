@@ -62,7 +62,7 @@ def _import(spec: str, module: str) -> Any:
     except ModuleNotFoundError as error:
         if error.name and (error.name == "tensorrt_llm" or module.startswith(error.name + ".")):
             raise ImplementationError(_missing_line(spec, error)) from None
-        # The breakable graph asks the CUDA runtime through cuda-python, which torch does not bring.
+        # The breakable graph asks the CUDA runtime through cuda-python, which a CUDA build of torch need not bring.
         cuda_python = (error.name or "").partition(".")[0] == "cuda"
         hint = " (cuda-python: pip install cuda-bindings, or carry its wheel in .whl/)" if cuda_python else ""
         raise ImplementationError(f"--impl {spec}: importing TensorRT-LLM's {module} failed: it imports "

@@ -44,7 +44,8 @@ COMPONENTS: tuple[Component, ...] = (
         doc="docs/graphs.md",
         fixture="graph_capturer",
         binds_backend=True,
-        adapters={"sglang": "harness.adapters.sglang:load_capturer", "vllm": "harness.adapters.vllm:load_capturer"},
+        adapters={"sglang": "harness.adapters.sglang:load_capturer", "vllm": "harness.adapters.vllm:load_capturer",
+                  "trtllm": "harness.adapters.trtllm:load_capturer"},
     ),
     Component(
         name="runner",

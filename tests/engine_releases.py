@@ -1,5 +1,6 @@
-"""What the engine-adapter tests share: an engine's release wheel, found here or not, and its extraction script
-loaded as a module (the scripts in .ci/gpu have no .py suffix)."""
+"""What the engine-adapter tests share: an engine's release wheel (or, for an engine without releases on the
+package index, its source), found here or not, and its extraction script loaded as a module (the scripts in .ci/gpu
+have no .py suffix)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,22 @@ def needs_release_wheel(wheel: Path | None, *, engine: str, name: str, version: 
         wheel is None,
         reason=f"no {name} {version} wheel here: set HARNESS_{engine.upper()}_WHEEL to one, or put it in "
                f"/tmp/{engine}-wheel (pip download {engine}=={version} --no-deps -d /tmp/{engine}-wheel)")
+
+
+def engine_source(engine: str) -> Path | None:
+    """The source ``HARNESS_<ENGINE>_SOURCE`` names (a git directory of the engine's repository, or a folder of its
+    files), else ``/tmp/<engine>-src`` where it exists."""
+    given = os.environ.get(f"HARNESS_{engine.upper()}_SOURCE")
+    found = Path(given) if given else Path(f"/tmp/{engine}-src")
+    return found if found.is_dir() else None
+
+
+def needs_engine_source(source: Path | None, *, engine: str, name: str, repository: str) -> pytest.MarkDecorator:
+    """Skip, saying where to put the source, where :func:`engine_source` found none."""
+    return pytest.mark.skipif(
+        source is None,
+        reason=f"no {name} source here: set HARNESS_{engine.upper()}_SOURCE to a clone of {repository} (or a folder "
+               f"of its files), or put one at /tmp/{engine}-src")
 
 
 def extraction_script(script: Path) -> types.ModuleType:

@@ -137,7 +137,8 @@ def _conformance_calls(calls: list[tuple[str, str]]) -> dict[str, tuple[str, str
 def test_the_engines_step_makes_each_engines_reports_from_its_folder_within_the_budget(tmp_path):
     for engine in ("sglang", "vllm"):
         (tmp_path / f"{engine}-modules" / engine).mkdir(parents=True)
-    folders = {"SGLANG_MODULES": str(tmp_path / "sglang-modules"), "VLLM_MODULES": str(tmp_path / "vllm-modules")}
+    folders = {"SGLANG_MODULES": str(tmp_path / "sglang-modules"), "VLLM_MODULES": str(tmp_path / "vllm-modules"),
+               "TRTLLM_MODULES": str(tmp_path / "no-such")}
     completed, calls = _run_engines(tmp_path, **folders, ENGINE_TIME_BUDGET="525")
     # every report of both engines, each from its own folder; the limits scaled to fit 525 s with the
     # reproductions (120 s) and 15 s a report: graphs 300 * 360 / 810, gather 210 * 360 / 810
@@ -155,14 +156,31 @@ def test_the_engines_step_makes_each_engines_reports_from_its_folder_within_the_
 
 def test_the_engines_step_says_how_to_make_a_missing_engines_modules(tmp_path):
     (tmp_path / "sglang-modules" / "sglang").mkdir(parents=True)
-    folders = {"SGLANG_MODULES": str(tmp_path / "sglang-modules"), "VLLM_MODULES": str(tmp_path / "no-such")}
+    folders = {"SGLANG_MODULES": str(tmp_path / "sglang-modules"), "VLLM_MODULES": str(tmp_path / "no-such"),
+               "TRTLLM_MODULES": str(tmp_path / "no-such")}
     completed, calls = _run_engines(tmp_path, **folders, COMPONENTS="graphs")
     # not asked for by name: skipped with the line, SGLang's report made
     assert f"no vllm modules in {tmp_path / 'no-such'}: run .ci/gpu/extract-vllm WHEEL" in completed.stdout
+    assert f"no trtllm modules in {tmp_path / 'no-such'}: run .ci/gpu/extract-trtllm SOURCE COMMIT" in completed.stdout
     assert list(_conformance_calls(calls)) == ["graphs=sglang"]
     completed, _ = _run_engines(tmp_path, **folders, ENGINES="vllm")
     assert completed.returncode == 2 and "run .ci/gpu/extract-vllm WHEEL" in completed.stdout
     assert "no engine report to make" in completed.stdout
+
+
+def test_the_engines_step_finds_trtllms_package_in_its_folder(tmp_path):
+    """TensorRT-LLM's folder holds the package tensorrt_llm (not one named as the engine); its report is the graphs
+    one, from that folder, and cuda-python is probed for it as for SGLang."""
+    (tmp_path / "trtllm-modules" / "tensorrt_llm").mkdir(parents=True)
+    folders = {"TRTLLM_MODULES": str(tmp_path / "trtllm-modules")}
+    completed, calls = _run_engines(tmp_path, **folders, ENGINES="trtllm", ENGINE_TIME_BUDGET="525")
+    assert _conformance_calls(calls) == {"graphs=trtllm": ("300", folders["TRTLLM_MODULES"])}, completed.stdout
+    assert any("from harness.adapters.trtllm import engine_version" in arguments for _, arguments in calls)
+    assert any("from cuda.bindings import runtime" in arguments for _, arguments in calls)
+    (tmp_path / "trtllm-modules" / "tensorrt_llm").rmdir()
+    (tmp_path / "trtllm-modules" / "trtllm").mkdir()
+    completed, _ = _run_engines(tmp_path, **folders, ENGINES="trtllm")
+    assert completed.returncode == 2 and f"no trtllm modules in {folders['TRTLLM_MODULES']}" in completed.stdout
 
 
 def test_the_gpu_jobs_pin_the_torch_the_h200_baselines_were_recorded_on():

@@ -141,17 +141,34 @@ def test_the_engines_step_makes_each_engines_reports_from_its_folder_within_the_
                "TRTLLM_MODULES": str(tmp_path / "no-such")}
     completed, calls = _run_engines(tmp_path, **folders, ENGINE_TIME_BUDGET="525")
     # every report of both engines, each from its own folder; the limits scaled to fit 525 s with the
-    # reproductions (120 s) and 15 s a report: graphs 300 * 360 / 810, gather 210 * 360 / 810
-    assert _conformance_calls(calls) == {"graphs=sglang": ("133", folders["SGLANG_MODULES"]),
-                                         "gather=sglang": ("93", folders["SGLANG_MODULES"]),
-                                         "graphs=vllm": ("133", folders["VLLM_MODULES"])}, completed.stdout
-    assert any(".ci/gpu/sglang-repros graphs gather" in arguments for _, arguments in calls)
+    # reproductions (120 s) and 15 s a report: graphs 300 * 345 / 1050, gather 210 * 345 / 1050, runner 240 * ...
+    assert _conformance_calls(calls) == {"graphs=sglang": ("98", folders["SGLANG_MODULES"]),
+                                         "gather=sglang": ("69", folders["SGLANG_MODULES"]),
+                                         "runner=sglang": ("78", folders["SGLANG_MODULES"]),
+                                         "graphs=vllm": ("98", folders["VLLM_MODULES"])}, completed.stdout
+    assert any(".ci/gpu/sglang-repros graphs gather runner" in arguments for _, arguments in calls)
     assert completed.returncode == 2  # the stand-in interpreter wrote no report
     # one engine: its own limit, no scaling, no SGLang reproductions
     (tmp_path / "calls.log").unlink()
     completed, calls = _run_engines(tmp_path, **folders, ENGINE_TIME_BUDGET="525", ENGINES="vllm")
     assert _conformance_calls(calls) == {"graphs=vllm": ("300", folders["VLLM_MODULES"])}, completed.stdout
     assert not any("sglang-repros" in arguments for _, arguments in calls)
+
+
+def test_an_installed_sglangs_runner_report_takes_the_stand_ins_of_a_folder(tmp_path):
+    """The scheduled job judges the installed SGLang (its compiled ops, no stand-in) but its runner adapter needs
+    the data-path stand-ins, which only a folder made by extract-sglang has: that report alone runs from it, and
+    none is made where there is no such folder."""
+    (tmp_path / "runner-modules" / "sglang").mkdir(parents=True)
+    folders = {"SGLANG_MODULES": "", "SGLANG_RUNNER_MODULES": str(tmp_path / "runner-modules"), "PYTHONPATH": ""}
+    completed, calls = _run_engines(tmp_path, **folders, ENGINES="sglang")
+    made = _conformance_calls(calls)
+    assert made == {"graphs=sglang": ("300", ""), "gather=sglang": ("210", ""),
+                    "runner=sglang": ("240", folders["SGLANG_RUNNER_MODULES"])}, completed.stdout
+    (tmp_path / "calls.log").unlink()
+    completed, calls = _run_engines(tmp_path, **{**folders, "SGLANG_RUNNER_MODULES": str(tmp_path / "no-such")},
+                                    ENGINES="sglang")
+    assert list(_conformance_calls(calls)) == ["graphs=sglang", "gather=sglang"], completed.stdout
 
 
 def test_the_engines_step_says_how_to_make_a_missing_engines_modules(tmp_path):

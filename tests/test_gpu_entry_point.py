@@ -141,18 +141,22 @@ def test_the_engines_step_makes_each_engines_reports_from_its_folder_within_the_
                "TRTLLM_MODULES": str(tmp_path / "no-such")}
     completed, calls = _run_engines(tmp_path, **folders, ENGINE_TIME_BUDGET="525")
     # every report of both engines, each from its own folder; the limits scaled to fit 525 s with the
-    # reproductions (120 s) and 15 s a report: graphs 300 * 345 / 1050, gather 210 * 345 / 1050, runner 240 * ...
-    assert _conformance_calls(calls) == {"graphs=sglang": ("98", folders["SGLANG_MODULES"]),
-                                         "gather=sglang": ("69", folders["SGLANG_MODULES"]),
-                                         "runner=sglang": ("78", folders["SGLANG_MODULES"]),
-                                         "graphs=vllm": ("98", folders["VLLM_MODULES"])}, completed.stdout
-    assert any(".ci/gpu/sglang-repros graphs gather runner" in arguments for _, arguments in calls)
+    # reproductions (SGLang's 120 s, vLLM's 60 s) and 15 s a report: graphs 300 * 285 / 1050, gather 210 * ...
+    assert _conformance_calls(calls) == {"graphs=sglang": ("81", folders["SGLANG_MODULES"]),
+                                         "gather=sglang": ("57", folders["SGLANG_MODULES"]),
+                                         "runner=sglang": ("65", folders["SGLANG_MODULES"]),
+                                         "graphs=vllm": ("81", folders["VLLM_MODULES"])}, completed.stdout
+    # each engine's reproductions of its components, from its own folder, after every report
+    repros = [(arguments.split(), path.split(":")[0]) for path, arguments in calls if "-repros" in arguments]
+    assert repros == [([".ci/gpu/sglang-repros", "graphs", "gather", "runner"], folders["SGLANG_MODULES"]),
+                      ([".ci/gpu/vllm-repros", "graphs"], folders["VLLM_MODULES"])], calls
+    assert [arguments for _, arguments in calls[-2:]] == [" ".join(words) for words, _ in repros]
     assert completed.returncode == 2  # the stand-in interpreter wrote no report
-    # one engine: its own limit, no scaling, no SGLang reproductions
+    # one engine: its own limit, no scaling, its reproductions only
     (tmp_path / "calls.log").unlink()
     completed, calls = _run_engines(tmp_path, **folders, ENGINE_TIME_BUDGET="525", ENGINES="vllm")
     assert _conformance_calls(calls) == {"graphs=vllm": ("300", folders["VLLM_MODULES"])}, completed.stdout
-    assert not any("sglang-repros" in arguments for _, arguments in calls)
+    assert [arguments for _, arguments in calls if "-repros" in arguments] == [".ci/gpu/vllm-repros graphs"]
 
 
 def test_an_installed_sglangs_runner_report_takes_the_stand_ins_of_a_folder(tmp_path):

@@ -9,6 +9,7 @@ __all__ = [
     "CaptureError",
     "ReplayError",
     "GraphHazardError",
+    "StreamHazardError",
     "DiscoveryError",
     "BatchError",
     "BucketError",
@@ -41,6 +42,11 @@ class ReplayError(HarnessError, RuntimeError):
 
 class GraphHazardError(ReplayError):
     """A replay would read memory whose owner released it; on CUDA that memory may hold other data."""
+
+
+class StreamHazardError(HarnessError, RuntimeError):
+    """Work on two streams that CUDA could run in the wrong order, or memory it could hand out while a stream
+    still uses it (the emulated stream model, :func:`harness.graphs.emulated_streams`)."""
 
 
 class DiscoveryError(HarnessError, LookupError):

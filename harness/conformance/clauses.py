@@ -144,6 +144,9 @@ CLAUSES: dict[str, tuple[Clause, ...]] = {
                            "new values"),
         ("relay", CORE, "the stash/resolve relay over the gather equals the relay over the eager oracle"),
         ("relay-misuse", STRICT, "resolving a never-stashed or already-resolved slot is caught"),
+        ("streams", CORE, "called on any stream, a gather reads and writes in that stream's order: the relay over "
+                          "it with stash and resolve on two streams, the caller dropping its tensors at once, equals "
+                          "the eager relay on one stream"),
         ("compile-bounded", STRICT, "over a stream of index counts a compiled gather compiles a bounded number of "
                                     "graphs and never falls back to eager"),
         ("launch-promise", STRICT, "a declared promised_kernel_launches holds on CUDA"),

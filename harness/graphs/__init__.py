@@ -1,7 +1,8 @@
 """Graph backends behind one small interface, and breakable graphs on top of them.
 
 Safe to use: :func:`get_backend`, :class:`GraphCapturer` and its graphs, the break markers
-(:func:`eager_on_graph`, :func:`break_graph`) and the break seam :func:`receive_breaks`.
+(:func:`eager_on_graph`, :func:`break_graph`), the break seam :func:`receive_breaks`, and the streams of a
+device (:func:`streams_for`, with a CPU model of CUDA's inside :func:`emulated_streams`).
 ``docs/graphs.md`` is the contract, the seams and a worked adapter."""
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from harness.graphs._seam import (
     current_break_receiver,
     receive_breaks,
 )
+from harness.graphs._streams import CudaStreams, EmulatedStreams, Streams, emulated_streams, streams_for
 
 __all__ = [
     "BACKEND_NAMES",
@@ -62,6 +64,11 @@ __all__ = [
     "check_capturable",
     "HOST_SYNC_OPS",
     "run_eagerly",
+    "Streams",
+    "CudaStreams",
+    "EmulatedStreams",
+    "streams_for",
+    "emulated_streams",
 ]
 
 BACKEND_NAMES = BACKEND_CHOICES  # one list: harness.devices resolves the options

@@ -5,10 +5,12 @@
 from __future__ import annotations
 
 import math
+import weakref
 
 import torch
 
 from harness.gather.reference import GatherOutputs, compiled_gather, eager_gather
+from harness.graphs import Streams, streams_for
 from harness.mutants import MutantSet
 
 __all__ = ["MUTANTS"]  # the mutants are reached through the registry, never imported by name
@@ -222,3 +224,28 @@ def wraps_by_first_pool(indices, *buffers) -> GatherOutputs:
     wrapped = torch.where(indices < 0, indices + pool, indices)
     wrapped = torch.where(wrapped < 0, wrapped + (1 << 40), wrapped)
     return _each(wrapped, buffers, lambda index, buf: buf[index])
+
+
+_SIDE_STREAMS: weakref.WeakKeyDictionary[Streams, object] = weakref.WeakKeyDictionary()
+# Stands for the work the side stream exists to overlap (an engine's next forward, a copy): queued ahead of the
+# gathers, it keeps them from finishing before the caller's stream reads their outputs.
+_OVERLAPPED_WORK_CYCLES = 2_000_000
+
+
+@MUTANTS.add("side-stream-no-wait", bug="gathers on a side stream of its own, overlapped with other work queued there, "
+             "and returns without making the caller's stream wait for it: the caller reads the outputs before the "
+             "gathers have written them")
+def side_stream_no_wait(indices, *buffers) -> GatherOutputs:
+    # An overlap-scheduled gather that orders its side stream after the caller's (the indices and sources are
+    # ready) and keeps the caller's tensors alive on it, but forgets the way back.
+    streams = streams_for(indices.device)
+    side = _SIDE_STREAMS.get(streams)
+    if side is None:
+        side = _SIDE_STREAMS[streams] = streams.new_stream()
+    caller = streams.current()
+    with streams.on(side):
+        streams.wait_stream(caller)
+        streams.record(indices, *buffers)
+        if indices.device.type == "cuda":
+            torch.cuda._sleep(_OVERLAPPED_WORK_CYCLES)
+        return compiled_gather(indices, *buffers)

@@ -26,6 +26,7 @@ __all__ = [
     "eager_forward",
     "TwinSteps",
     "STATE_MODULES",
+    "ambiguous_requests",
     "stateless_parts",
     "lengths_strategy",
     "split_strategy",
@@ -119,6 +120,14 @@ class TwinSteps:
             raise AssertionError(f"{self.what}: the eager twin's loop built {batch.describe()}, the runner's loop "
                                  f"sent {sent.describe()}")
         return output
+
+
+def ambiguous_requests(batch: ForwardBatch, buckets: tuple[int, ...] = BUCKETS) -> bool:
+    """Whether a replay could not tell ``batch``'s per-request outputs from its per-token ones (outside the
+    contract): as many requests as the rows of the bucket it replays in, and fewer real tokens."""
+    rows = batch.num_tokens + batch.num_padding
+    bucket = select_bucket(rows, buckets) if rows <= max(buckets) else rows
+    return batch.num_requests == bucket and batch.num_tokens != bucket
 
 
 STATE_MODULES = ("kv_cache", "recurrent_state")  # the zoo models' state across calls: a KV cache, a recurrent state

@@ -170,6 +170,9 @@ CLAUSES: dict[str, tuple[Clause, ...]] = {
         ("stack-arguments", CORE, "the static inputs are filled from the arguments the outer model passes the layer "
                                   "stack at this call, not from the batch: shifted positions, keyword side inputs "
                                   "and tensors inside lists and dicts reach the graph"),
+        ("argument-writes", CORE, "what the layer stack writes into its arguments in place (a fused add-norm's "
+                                  "residual, positions a draft loop steps) reaches the caller's tensors as eager's "
+                                  "writes do, at every bucket, an exact fill and a padded batch included"),
         ("frozen-arguments", CORE, "a stack argument the graph froze (a Python value other than the capture's, a "
                                    "tensor where the capture saw None) is refused with a HarnessError or run "
                                    "eagerly, never replayed with the capture's value"),
@@ -194,6 +197,9 @@ CLAUSES: dict[str, tuple[Clause, ...]] = {
                             "replay, forward wrappers changed and weights updated in place, every call equals eager, "
                             "earlier outputs keep their values, the layer module's dicts are as the user left them "
                             "and no forward context stays published"),
+        ("moved-state", CORE, "a parameter or buffer the engine re-allocates between replays (a new tensor at "
+                              "another address, as a memory release and resume may leave it) is what the next "
+                              "replay reads and writes, never the memory the graphs were captured on"),
         ("concurrent-runners", CORE, "two runners over models of their own, called from two threads at once, "
                                      "each equal eager on their own model and batch"),
         ("discovery", CORE, "discovery picks the module that owns the decoder-layer list and returns hidden states "

@@ -27,6 +27,7 @@ __all__ = [
     "DecoderLayer",
     "EngineModel",
     "SideInputEngineModel",
+    "InPlaceArgsEngineModel",
     "LogitsProcessor",
     "CausalLM",
     "Rotary",
@@ -249,6 +250,23 @@ class SideInputEngineModel(EngineModel):
             hidden = layer(positions, hidden)
             if index == self.config.side_input_layer and deepstack_embeds is not None:
                 hidden = hidden + deepstack_embeds
+        return self.norm(hidden)
+
+
+class InPlaceArgsEngineModel(EngineModel):
+    """A stack that writes its own arguments in place, as engines' fused kernels do: a fused add-RMSNorm adds the
+    embeddings into the ``residual`` side input ``[tokens, hidden]`` it is handed (the caller's tensor then holds
+    the sum, which the layers continue from), and the positions advance by one after the last layer (a multi-step
+    draft loop stepping its positions in place)."""
+
+    side_input_names = ("residual",)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch,  # type: ignore[override]
+                input_embeds: torch.Tensor | None = None, *, residual: torch.Tensor) -> torch.Tensor:
+        hidden = residual.add_(self.embed(input_ids, input_embeds))
+        for layer in self.decoder_layers:
+            hidden = layer(positions, hidden)
+        positions.add_(1)
         return self.norm(hidden)
 
 

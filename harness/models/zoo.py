@@ -17,6 +17,7 @@ from harness.errors import UsageError
 from harness.models.engine import (
     CausalLM,
     EngineModel,
+    InPlaceArgsEngineModel,
     LogitsOutput,
     LogitsProcessor,
     ModelConfig,
@@ -24,6 +25,7 @@ from harness.models.engine import (
 )
 from harness.models.index_checked import IndexCheckedLM
 from harness.models.paged import PagedDecoderLM
+from harness.models.recurrent import RecurrentStateLM
 
 __all__ = [
     "MODEL_NAMES",
@@ -101,12 +103,16 @@ _BUILDERS: dict[str, Callable[[ModelConfig], nn.Module]] = {
     "moe": lambda config: CausalLM(_moe(config)),
     "vlm": VisionLanguageModel,
     "side-input": lambda config: CausalLM(config, SideInputEngineModel(config)),
+    # A stack that writes its arguments in place (its residual side input, its positions), as fused kernels do.
+    "in-place-args": lambda config: CausalLM(config, InPlaceArgsEngineModel(config)),
     "odd-decoder-layers": lambda config: CausalLM(config, DecoderOnlyStack(config)),
     "odd-transformer-h": lambda config: CausalLM(
         config, EngineModel(config, layers_attribute="h"), stack_attribute="transformer"),
     "odd-lm-is-base": BaseAsLanguageModel,
     "odd-wrapped-stack": lambda config: ModuleWrapper(CausalLM(config)),
     "paged-decoder": PagedDecoderLM,
+    # A recurrent state per request slot (Mamba-style), read and written inside the captured segments.
+    "recurrent-state": RecurrentStateLM,
     # Attention that checks every row it reads, padding rows included, against a request pool (pad rows' metadata).
     "index-checked": IndexCheckedLM,
     # No rule finds this stack: its layer list has a name no engine uses, under a name no engine uses,

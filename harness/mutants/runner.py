@@ -8,7 +8,7 @@ import bisect
 import contextlib
 import dataclasses
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -604,6 +604,33 @@ class GraphReadsPrivateWeightCopy(LayerStackRunner):
 class InferenceModeNotKept(LayerStackRunner):
     def autograd_off(self) -> contextlib.AbstractContextManager:
         return torch.no_grad()
+
+
+class _WritesKeptInTheGraph(StaticInputs):
+    def store(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+        return []
+
+
+@MUTANTS.add("argument-writes-lost", bug="copies the live arguments into the static ones but never the graph's writes "
+                    "back: a stack that writes its arguments in place (a fused add-RMSNorm's residual, positions a "
+                    "draft loop steps) leaves the caller's tensors as they were, where eager writes them")
+class ArgumentWritesLost(LayerStackRunner):
+    static_inputs_class = _WritesKeptInTheGraph
+
+
+@MUTANTS.add("argument-writes-left-in-padding", bug="hands the graph's writes back to the padded batch only: a batch "
+                    "the runner had to pad (a copy) never sees them, while an exact fill of a bucket does")
+class ArgumentWritesLeftInPadding(LayerStackRunner):
+    def return_writes(self, batch: ForwardBatch, padded: ForwardBatch, written: Sequence[torch.Tensor]) -> None:
+        return None
+
+
+@MUTANTS.add("ignores-moved-state", bug="never notices that a buffer was re-allocated between replays (an engine's "
+                    "memory release and resume moved its recurrent state): the graphs keep reading and writing the "
+                    "old, freed memory")
+class IgnoresMovedState(LayerStackRunner):
+    def state_moved(self) -> bool:
+        return False
 
 
 # -- tensor parallelism (suites/runner/tensor_parallel): a module of their own -------------------

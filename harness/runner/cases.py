@@ -25,6 +25,8 @@ __all__ = [
     "eager_padded",
     "eager_forward",
     "TwinSteps",
+    "STATE_MODULES",
+    "ambiguous_requests",
     "stateless_parts",
     "lengths_strategy",
     "split_strategy",
@@ -42,13 +44,18 @@ BUCKET_EDGES = tuple(sorted({n for b in BUCKETS for n in (b, b + 1) if n <= MAX_
 def make_batch(model_name: str, lengths: list[int] | tuple[int, ...], *, seed: int, dtype: torch.dtype,
                device: torch.device, hidden_mode: str = "none", all_logits: bool = False,
                side_scale: float = 1.0) -> ForwardBatch:
-    """A batch for zoo model ``model_name``; the side-input model gets a seeded DeepStack input."""
+    """A batch for zoo model ``model_name``; the side-input model gets a seeded DeepStack input, the in-place-args
+    model a seeded residual (which its stack writes)."""
     batch = ForwardBatch.from_lengths(lengths, vocab_size=CONFIG.vocab_size, seed=seed, device=device,
                                       hidden_mode=hidden_mode, all_logits=all_logits)
     if model_name == "side-input":
         generator = torch.Generator().manual_seed(seed + 1)
         side = torch.randn(batch.num_tokens, CONFIG.hidden_size, generator=generator) * side_scale
         batch = batch.with_side_inputs(deepstack_embeds=side.to(device=device, dtype=dtype))
+    elif model_name == "in-place-args":
+        generator = torch.Generator().manual_seed(seed + 1)
+        residual = torch.randn(batch.num_tokens, CONFIG.hidden_size, generator=generator)
+        batch = batch.with_side_inputs(residual=residual.to(device=device, dtype=dtype))
     return batch
 
 
@@ -115,10 +122,21 @@ class TwinSteps:
         return output
 
 
+def ambiguous_requests(batch: ForwardBatch, buckets: tuple[int, ...] = BUCKETS) -> bool:
+    """Whether a replay could not tell ``batch``'s per-request outputs from its per-token ones (outside the
+    contract): as many requests as the rows of the bucket it replays in, and fewer real tokens."""
+    rows = batch.num_tokens + batch.num_padding
+    bucket = select_bucket(rows, buckets) if rows <= max(buckets) else rows
+    return batch.num_requests == bucket and batch.num_tokens != bucket
+
+
+STATE_MODULES = ("kv_cache", "recurrent_state")  # the zoo models' state across calls: a KV cache, a recurrent state
+
+
 def stateless_parts(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The model's modules other than its KV cache (``kv_cache``): an eager twin writes a cache of its own, which
-    the stepping suites compare with the runner's after every step."""
-    return [module for name, module in model.named_children() if name != "kv_cache"]
+    """The model's modules other than its state across calls (:data:`STATE_MODULES`): an eager twin writes state of
+    its own, which the stepping suites compare with the runner's after every step."""
+    return [module for name, module in model.named_children() if name not in STATE_MODULES]
 
 
 def split_strategy(total: int, max_requests: int = MAX_REQUESTS) -> st.SearchStrategy[list[int]]:

@@ -8,11 +8,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
+import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, cast
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from harness import distributed, observations
 from harness.batch import ForwardBatch, HiddenMode, forward_context, select_bucket, validate_buckets
@@ -57,6 +59,9 @@ class StaticInputs:
     # Each decoder layer's output as the graph computed it (tensors the graph owns, so every replay
     # refreshes them): what divergence localisation compares with eager, layer by layer.
     layer_outputs: list[torch.Tensor] = dataclasses.field(default_factory=list)
+    # The arguments the layer stack writes in place (as ``load`` names them): a replay writes the static copies,
+    # which ``store`` hands back to the live arguments, as an eager forward would have written them.
+    written: frozenset[str] = frozenset()
 
     def load(self, args: tuple[Any, ...], kwargs: dict[str, Any], *, copy_batch: bool) -> None:
         """Copy the live arguments of a layer-stack call into the static ones.
@@ -73,6 +78,73 @@ class StaticInputs:
         pairs += [(f"keyword {k!r}", self.kwargs[k], v) for k, v in kwargs.items()]
         for name, static, live in pairs:
             _copy_into(name, static, live, copy_batch=copy_batch)
+
+    def store(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+        """After a replay: copy each static argument the stack writes in place (:attr:`written`) into the live
+        argument it stood for, and return those live tensors."""
+        stored = []
+        for name, static, live in _argument_tensors(self.args, self.kwargs, args, kwargs):
+            if name in self.written:
+                live.copy_(static)
+                stored.append(live)
+        return stored
+
+
+def _argument_tensors(args: tuple[Any, ...], kwargs: dict[str, Any], other_args: tuple[Any, ...],
+                      other_kwargs: dict[str, Any]) -> Iterator[tuple[str, torch.Tensor, Any]]:
+    """``(name, tensor, counterpart)`` for every tensor of a layer-stack call's arguments (inside lists, tuples and
+    dicts too), named as :meth:`StaticInputs.load` names them, beside what stands at the same place in the other
+    call's arguments."""
+
+    def walk(name: str, value: Any, other: Any) -> Iterator[tuple[str, torch.Tensor, Any]]:
+        if isinstance(value, torch.Tensor):
+            yield name, value, other
+        elif isinstance(value, dict) and isinstance(other, dict):
+            for key in value.keys() & other.keys():
+                yield from walk(f"{name}[{key!r}]", value[key], other[key])
+        elif isinstance(value, (tuple, list)) and isinstance(other, (tuple, list)):
+            for index, (item, counterpart) in enumerate(zip(value, other)):
+                yield from walk(f"{name}[{index}]", item, counterpart)
+
+    for index, (value, other) in enumerate(zip(args, other_args)):
+        yield from walk(f"argument {index}", value, other)
+    for key in kwargs.keys() & other_kwargs.keys():
+        yield from walk(f"keyword {key!r}", kwargs[key], other_kwargs[key])
+
+
+class _WriteRecorder(TorchDispatchMode):
+    """Records the storages that ops write in place (their schema marks the argument written: ``add_``,
+    ``copy_``, ``out=``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.storages: set[int] = set()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        for index, argument in enumerate(func._schema.arguments):
+            if argument.alias_info is None or not argument.alias_info.is_write:
+                continue
+            value = args[index] if index < len(args) else kwargs.get(argument.name)
+            for tensor in value if isinstance(value, (tuple, list)) else (value,):
+                if isinstance(tensor, torch.Tensor) and tensor.untyped_storage().nbytes():
+                    self.storages.add(tensor.untyped_storage().data_ptr())
+        return func(*args, **kwargs)
+
+
+def _own_copy(values: Any, batch: Any) -> Any:
+    """A layer-stack call's positional (a tuple) or keyword (a dict) arguments with their tensors copied, inside
+    lists, tuples, dicts and dataclasses too; ``batch`` itself kept."""
+
+    def own(value: Any) -> Any:
+        if value is batch:
+            return batch
+        return map_tensors(value, torch.Tensor.clone) if isinstance(value, (torch.Tensor, dict, list, tuple)) \
+            else value
+
+    if isinstance(values, dict):
+        return {key: own(value) for key, value in values.items()}
+    return tuple(own(value) for value in values)
 
 
 def _copy_into(name: str, static: Any, live: Any, *, copy_batch: bool) -> None:
@@ -162,6 +234,7 @@ class LayerStackRunner:
         self.layer_model = self.discovery.module
         self._captured: dict[int, StaticInputs] = {}
         self._in_replay = False
+        self._state_at_capture: list[tuple[Any, ...]] = []
         self.capture()
 
     # -- seams -------------------------------------------------------------------------------
@@ -223,6 +296,27 @@ class LayerStackRunner:
             return output
         return map_tensors(output, lambda t: t[:num_tokens] if t.dim() and t.shape[0] == bucket else t)
 
+    def return_writes(self, batch: ForwardBatch, padded: ForwardBatch, written: Sequence[torch.Tensor]) -> None:
+        """After a replay: where the layer stack wrote the padded batch's own copy of one of ``batch``'s tensors
+        (``written``: the live arguments :meth:`StaticInputs.store` wrote), copy its rows into ``batch``'s tensor,
+        which an eager forward would have written."""
+        storages = {tensor.untyped_storage().data_ptr() for tensor in written}
+        pairs = [(batch.input_ids, padded.input_ids), (batch.positions, padded.positions),
+                 *((batch.side_inputs[name], padded.side_inputs[name]) for name in batch.side_inputs)]
+        for own, copy in pairs:
+            if copy is not own and copy.untyped_storage().data_ptr() in storages:
+                own.copy_(copy[:own.shape[0]])
+
+    def state_moved(self) -> bool:
+        """Whether a parameter or buffer of the model now lives in other memory (or has another geometry) than
+        when the graphs were captured: re-allocated, as an engine's memory release and resume may do. A graph
+        reads and writes the memory it was captured on."""
+        return self._state_addresses() != self._state_at_capture
+
+    def _state_addresses(self) -> list[tuple[Any, ...]]:
+        return [(name, tensor.data_ptr(), tuple(tensor.shape), tensor.stride(), tensor.dtype, tensor.device)
+                for name, tensor in itertools.chain(self.model.named_parameters(), self.model.named_buffers())]
+
     def hand_out(self, output: Any) -> Any:
         # Copies: outputs may alias the graph's static buffers, which the next replay overwrites.
         return map_tensors(output, lambda t: t.detach().clone())
@@ -276,10 +370,24 @@ class LayerStackRunner:
                 return forward(*static.args, **static.kwargs)
 
             batch = cast(ForwardBatch, static.batch)  # _probe's dummy batch
+            with self.autograd_off(), self.publish(batch), self.collectives():
+                static.written = self._arguments_written(forward, static)
             with self.autograd_off(), self.publish(batch), self.collectives(), self.record_layers(static):
                 static.graph = self.graphs.capture(step, pool=pool, warmup_runs=self.warmup_runs)
             self._captured[bucket] = static
             self.stats.captures += 1
+        self._state_at_capture = self._state_addresses()
+
+    def _arguments_written(self, forward: Callable[..., Any], static: StaticInputs) -> frozenset[str]:
+        """The arguments of ``static`` that ``forward`` writes in place: it runs once, eagerly, on copies of them."""
+        args, kwargs = _own_copy(static.args, static.batch), _own_copy(static.kwargs, static.batch)
+        recorder = _WriteRecorder()
+        # Dynamo skips, for the rest of the process, a compiled frame first run under a dispatch mode.
+        with torch.compiler.set_stance("force_eager"), recorder:
+            forward(*args, **kwargs)
+        return frozenset(name for name, tensor, _ in _argument_tensors(args, kwargs, args, kwargs)
+                         if tensor.untyped_storage().nbytes()
+                         and tensor.untyped_storage().data_ptr() in recorder.storages)
 
     def _probe(self, bucket: int) -> StaticInputs:
         """Run the model on a dummy batch until it calls the layer stack; keep those arguments."""
@@ -298,15 +406,7 @@ class LayerStackRunner:
                 f"({self.discovery.path or '<root>'}, {type(self.layer_model).__name__})"
             )
         args, kwargs = calls[0]
-
-        def own(value: Any) -> Any:
-            if value is dummy:
-                return dummy
-            return map_tensors(value, torch.Tensor.clone) if isinstance(value, (torch.Tensor, dict, list, tuple)) \
-                else value
-
-        static_kwargs = {key: own(value) for key, value in kwargs.items()}
-        return self.static_inputs_class(bucket, tuple(own(a) for a in args), static_kwargs, dummy)
+        return self.static_inputs_class(bucket, _own_copy(args, dummy), _own_copy(kwargs, dummy), dummy)
 
     def _device(self) -> torch.device:
         for tensor in self.model.parameters():
@@ -372,8 +472,14 @@ class LayerStackRunner:
         return output
 
     def replay(self, batch: ForwardBatch) -> Any:
-        """Replay ``batch`` through its bucket's graph; raises rather than running eagerly."""
+        """Replay ``batch`` through its bucket's graph; raises rather than running eagerly. Captures every bucket
+        again first when the model's parameters or buffers moved (:meth:`state_moved`, on any rank)."""
         self._refuse_nested()
+        if not self.all_ranks_agree(not self.state_moved()):
+            # In the mode the runner was built in: a caller's inference mode would make the new static buffers
+            # inference tensors, which a later call outside it could not refresh.
+            with torch.inference_mode(self.built_in_inference_mode):
+                self.capture()
         bucket = self.bucket_for(self.group_rows(batch))
         static = self._captured.get(bucket)
         if static is None:
@@ -385,16 +491,20 @@ class LayerStackRunner:
             )
         padded = self.pad(batch, bucket)
         copy_batch = self.discovery.fell_back
+        written: list[torch.Tensor] = []
 
         def replay_layer_forward(*args: Any, **kwargs: Any) -> Any:
             static.load(args, kwargs, copy_batch=copy_batch)
-            return cast(BreakableGraph, static.graph).replay()  # captured
+            output = cast(BreakableGraph, static.graph).replay()  # captured
+            written.extend(static.store(args, kwargs))
+            return output
 
         self._in_replay = True
         try:
             with self.autograd_off(), self.publish(padded), self.collectives(), \
                     self.patched_forward(replay_layer_forward):
                 output = self.model(padded.input_ids, padded.positions, padded)
+                self.return_writes(batch, padded, written)
         finally:
             self._in_replay = False
         self.stats.replays += 1

@@ -66,6 +66,23 @@ def test_in_place_updates_replay(graph_oracle, make_tensor):
                             exact=True, replay=replay)
 
 
+def test_state_replaced_after_capture_is_not_what_replays_update(graph_oracle, make_tensor):
+    """A state tensor re-allocated after the capture (a new tensor at another address with the same values, as an
+    engine's memory release and resume may leave it): replays keep reading and writing the one they were captured
+    on, and never touch the new one (so a runner over such a graph must capture again)."""
+    x = make_tensor(5, seed=12)
+    owner = {"state": torch.zeros(5, device=x.device)}
+    graph = graph_oracle.capture(lambda: owner["state"].add_(x))
+    captured = owner["state"]
+    twin = captured.clone()  # where the capture left it
+    owner["state"] = captured.clone()  # re-allocated; the engine keeps the old one alive here (a backup)
+    moved = owner["state"]
+    before = moved.clone()
+    graph_oracle.replay(graph, lambda: twin.add_(x), inputs=[captured, x], eager_inputs=[twin, x], exact=True)
+    assert_equivalent(moved, before, exact=True,
+                      context={"checking": "the re-allocated state after a replay: the graph writes the captured one"})
+
+
 def test_random_ops_draw_fresh_numbers_each_replay(graph_oracle, device):
     """Each replay draws what eager draws from the same generator state, and leaves the generator where eager
     leaves it (the checker runs both from one state): so replays draw fresh numbers, never a frozen set."""

@@ -17,6 +17,7 @@ from harness.oracle import Checker
 from harness.plugin.failures import failure_context as context_of
 from harness.runner import ForwardBatch, select_bucket
 from harness.runner.cases import BUCKETS, SEED, eager, eager_padded
+from harness.runner.runner import map_tensors
 
 
 @pytest.fixture(scope="session")
@@ -88,15 +89,17 @@ def check_run(runner_checker: Checker, exact_comparison: Callable[[torch.dtype],
     run eagerly; ``"either"`` where the contract lets it choose (then values are held to the tolerance table).
     A model with state of its own (a KV cache) runs its eager twin on a copy: ``twin(batch)`` is then the oracle
     (at the replay's shapes where bitwise, as :func:`harness.runner.cases.eager_forward` runs it) and
-    ``modules`` the runner's modules that eager leaves alone. Failures name the implementation, the batch, the
-    mode, ``details``, the element and a reproduce command.
+    ``modules`` the runner's modules that eager leaves alone. ``writes_batch``: the model's layer stack writes its
+    arguments in place, so eager runs on a copy of the batch (and the bitwise check on another), and the batch must
+    end as eager's copy ends. Failures name the implementation, the batch, the mode, ``details``, the element and a
+    reproduce command.
     """
 
     def call(runner: Any, model: torch.nn.Module, batch: ForwardBatch, /, *, via: str | Callable[..., Any] = "run",
              mode: str | None = None, dtype: torch.dtype = torch.float32, buckets: tuple[int, ...] = BUCKETS,
              replayed: bool | str | None = None, twin: Callable[[ForwardBatch], Any] | None = None,
              modules: Sequence[torch.nn.Module] | None = None, checker: Checker | None = None,
-             **details: Any) -> Any:
+             writes_batch: bool = False, **details: Any) -> Any:
         __tracebackhide__ = True
         bitwise = exact_comparison(dtype)
         rows = batch.num_tokens + batch.num_padding
@@ -108,14 +111,19 @@ def check_run(runner_checker: Checker, exact_comparison: Callable[[torch.dtype],
             twin = (lambda b: eager(model, b)) if not batch.num_padding else (lambda b: eager_padded(model, b, rows))
         call_runner = via if callable(via) else getattr(runner, via)
         shown = {"dtype": str(dtype), "batch": batch.describe(), "via": getattr(via, "__name__", via), **details}
+        # Copies made before any call writes the batch: eager's twin of it, and the bitwise check's.
+        eager_batch = map_tensors(batch, torch.Tensor.clone) if writes_batch else None
+        pristine = map_tensors(batch, torch.Tensor.clone) if writes_batch else batch
+        oracle = twin
         actual = (checker or runner_checker).call(
-            lambda: call_runner(batch), lambda: twin(batch), inputs=batch,
+            lambda: call_runner(batch), lambda: oracle(batch if eager_batch is None else eager_batch), inputs=batch,
+            eager_inputs=eager_batch,
             modules=[model] if modules is None else modules,
             exact=bitwise and not either and (given_twin or bucket is None),
             mode=mode, **shown,
             comparison="against the eager twin" if given_twin else "against eager on the same batch")
         if bitwise and bucket is not None and not given_twin:
-            assert_equivalent(actual, eager_padded(model, batch, bucket), exact=True, context=failure_context(
+            assert_equivalent(actual, eager_padded(model, pristine, bucket), exact=True, context=failure_context(
                 **shown, **({"mode": mode} if mode else {}),
                 comparison=f"bitwise against eager on the batch padded to bucket {bucket}"))
         return actual

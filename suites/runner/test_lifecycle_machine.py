@@ -39,7 +39,7 @@ from harness.graphs import eager_on_graph
 from harness.models import build_model, packed_causal_attention
 from harness.oracle import CALLING_MODES, Checker, calling_mode
 from harness.runner import ForwardBatch, select_bucket
-from harness.runner.cases import SEED, eager, make_batch, split_strategy
+from harness.runner.cases import SEED, ambiguous_requests, eager, make_batch, split_strategy
 
 pytestmark = pytest.mark.clause("lifecycle")
 
@@ -171,11 +171,17 @@ def _machine(kind: str, subjects: Callable[[bool, bool], _Subject], device: torc
 
         # -- helpers --------------------------------------------------------------------------
 
-        def _batch(self, lengths: list[int], mode: str, all_logits: bool, pad: int) -> ForwardBatch:
+        def _batch(self, lengths: list[int], mode: str, all_logits: bool, pad: int,
+                   padding_requests: int = 0) -> ForwardBatch:
             self.seed += 1
             batch = make_batch(name, lengths, seed=self.seed, dtype=torch.float32, device=device, hidden_mode=mode,
                                all_logits=all_logits)
-            return batch.padded_to(batch.num_tokens + pad) if pad else batch
+            if padding_requests:
+                batch = batch.padded_requests_to(batch.num_requests + padding_requests)
+            batch = batch.padded_to(batch.num_tokens + pad) if pad else batch
+            if ambiguous_requests(batch, BUCKETS):  # outside the contract: one padding request more
+                batch = batch.padded_requests_to(batch.num_requests + 1)
+            return batch
 
         def _replayable(self, batch: ForwardBatch) -> bool:
             # The contract, from the docs: a bucket holds every row the batch carries; a fell-back
@@ -214,7 +220,17 @@ def _machine(kind: str, subjects: Callable[[bool, bool], _Subject], device: torc
         @rule(lengths=_lengths(), mode=st.sampled_from(["none", "last", "full"]), all_logits=st.booleans(),
               pad=st.integers(0, 3), via=st.sampled_from(["run", "replay"]), calling=CALLING)
         def call(self, lengths: list[int], mode: str, all_logits: bool, pad: int, via: str, calling: str) -> None:
-            batch = self._batch(lengths, mode, all_logits, pad)
+            self._call_rule(self._batch(lengths, mode, all_logits, pad), via, calling)
+
+        @rule(lengths=_lengths(), extra=st.integers(1, 4), mode=st.sampled_from(["none", "last", "full"]),
+              all_logits=st.booleans(), pad=st.integers(0, 3), via=st.sampled_from(["run", "replay"]), calling=CALLING)
+        def call_with_padding_requests(self, lengths: list[int], extra: int, mode: str, all_logits: bool, pad: int,
+                                       via: str, calling: str) -> None:
+            # A scheduler pads a batch's request count to a captured size with requests that have no tokens
+            # (vLLM #49302): one output row per request, padding requests included, as eager gives.
+            self._call_rule(self._batch(lengths, mode, all_logits, pad, padding_requests=extra), via, calling)
+
+        def _call_rule(self, batch: ForwardBatch, via: str, calling: str) -> None:
             what = self._describe(batch, via, calling)
             replayable = self._replayable(batch)
             assert self.runner.can_run(batch) == replayable, f"can_run is {not replayable} for {what}"

@@ -25,8 +25,8 @@ from hypothesis import strategies as st
 from harness.models.index_checked import with_pool_slots
 from harness.oracle import CALLING_MODES
 from harness.plugin.profiles import capped_examples
-from harness.runner import ForwardBatch, select_bucket
-from harness.runner.cases import BUCKETS, CONFIG, MAX_TOKENS, lengths_strategy
+from harness.runner import ForwardBatch
+from harness.runner.cases import CONFIG, ambiguous_requests, lengths_strategy
 
 pytestmark = pytest.mark.clause("several-requests")
 
@@ -45,14 +45,6 @@ CASES = [
     ((1,), 6, 3, "last", True),
     ((20, 15), 4, None, "last", False),  # past the largest bucket: runs eagerly
 ]
-
-
-def ambiguous(batch: ForwardBatch) -> bool:
-    """Whether a replay could not tell ``batch``'s per-request outputs from its per-token ones: as many
-    requests as the rows of the bucket it replays in, and fewer real tokens."""
-    rows = batch.num_tokens + batch.num_padding
-    bucket = select_bucket(rows, BUCKETS) if rows <= MAX_TOKENS else rows
-    return batch.num_requests == bucket and batch.num_tokens != bucket
 
 
 def _batch(model: Any, name: str, lengths: tuple[int, ...], requests: int, rows: int | None, *, seed: int,
@@ -75,7 +67,7 @@ def test_padding_requests_replay_like_eager(zoo_runner, check_run, device, name)
     for index, (lengths, requests, rows, hidden_mode, all_logits) in enumerate(CASES):
         batch, slots = _batch(model, name, lengths, requests, rows, seed=index, device=device,
                               hidden_mode=hidden_mode, all_logits=all_logits)
-        assert not ambiguous(batch), f"case {index} is outside the contract: {batch.describe()}"
+        assert not ambiguous_requests(batch), f"case {index} is outside the contract: {batch.describe()}"
         try:
             check_run(runner, model, batch, mode=CALLING_MODES[index % len(CALLING_MODES)], model=name, case=index)
         finally:
@@ -96,7 +88,7 @@ def test_padding_requests_any_composition(zoo_runner, check_run, device, name, l
     lengths = tuple(lengths if name != "index-checked" else lengths[:POOL_REQUESTS])
     batch, slots = _batch(model, name, lengths, len(lengths) + extra, None, seed=seed, device=device,
                           hidden_mode=hidden_mode, all_logits=all_logits)
-    if ambiguous(batch):
+    if ambiguous_requests(batch):
         batch = batch.padded_requests_to(batch.num_requests + 1)
     try:
         check_run(runner, model, batch, mode=calling, model=name, seed=seed)

@@ -76,6 +76,25 @@ def test_probe_reports_each_outcome_and_survives_a_crash():
     assert "killed by signal 9" in results["past-end"].detail
 
 
+def thread_count_gather(indices, topk_p_buf, topk_index_buf, output_tokens_buf, hidden_states_buf):
+    """Raises with the intra-op thread count of the process it runs in."""
+    raise RuntimeError(f"intra-op threads {torch.get_num_threads()}")
+
+
+def test_probe_child_runs_on_the_parents_thread_count():
+    """Inductor's CPU kernels and their cache keys depend on the thread count: on another count than the test
+    process's (a fresh interpreter takes one per core), the child would compile every graph anew instead of
+    loading the test process's. One thread, as the harness sets on the CPU."""
+    before, threads = torch.get_num_threads(), 1
+    torch.set_num_threads(threads)
+    try:
+        case = ProbeCase("any", GatherCase(pool=5, count=1, seed=0), valid=False)
+        result = probe(f"{__name__}:thread_count_gather", [case], device="cpu")["any"]
+    finally:
+        torch.set_num_threads(before)
+    assert result.outcome == "raised" and f"intra-op threads {threads}" in result.detail, result
+
+
 @pytest.mark.long_running
 def test_bench_writes_a_row_per_point(tmp_path, capsys):
     path = tmp_path / "bench.json"

@@ -15,6 +15,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+import torch
+
 from harness.gather.cases import GatherCase
 
 __all__ = ["OUTCOMES", "ProbeCase", "ProbeResult", "probe", "main"]
@@ -43,10 +45,13 @@ class ProbeResult:
 
 def _child_env() -> dict[str, str]:
     # The child must import what the parent imported (an external --impl module, an editable
-    # checkout): hand it the parent's import path.
+    # checkout): hand it the parent's import path. It runs on the parent's intra-op thread count (the
+    # harness sets 1 on the CPU), which Inductor's CPU kernels and its cache keys depend on: the child then
+    # loads the graphs the parent compiled (and the parent the child's) from the Inductor cache.
     env = dict(os.environ)
     paths = [p for p in sys.path if p and os.path.isdir(p)]
     env["PYTHONPATH"] = os.pathsep.join([os.getcwd(), *paths])
+    env["OMP_NUM_THREADS"] = str(torch.get_num_threads())
     return env
 
 
@@ -108,8 +113,6 @@ def _probe_in_turn(spec: str, cases: list[ProbeCase], device: str, timeout: floa
 def _run_case(candidate: Any, device: str, probe_case: ProbeCase) -> dict[str, str]:
     """A valid case runs through :class:`harness.oracle.Checker` beside the eager oracle (values, output metadata
     and aliasing, inputs and process state left behind); an invalid one runs the candidate alone, which must raise."""
-    import torch
-
     from harness.errors import MismatchError
     from harness.gather.reference import BUFFER_NAMES, eager_gather
     from harness.oracle import check_call
@@ -156,8 +159,6 @@ def main(argv: list[str]) -> int:
 def _context_usable(device: str) -> bool:
     """Whether CUDA still runs a kernel in this process: after a device-side assert every call fails.
     (Each fresh child costs a CUDA context and a compile: seconds per case.)"""
-    import torch
-
     try:
         probe_tensor = torch.ones(1, device=device) + 1
         torch.cuda.synchronize()

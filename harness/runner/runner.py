@@ -82,7 +82,9 @@ class StaticInputs:
     def store(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
         """After a replay: copy each static argument the stack writes in place (:attr:`written`) into the live
         argument it stood for, and return those live tensors."""
-        stored = []
+        stored: list[torch.Tensor] = []
+        if not self.written:  # most stacks: nothing to walk at every replay
+            return stored
         for name, static, live in _argument_tensors(self.args, self.kwargs, args, kwargs):
             if name in self.written:
                 live.copy_(static)

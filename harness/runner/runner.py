@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
-import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, cast
 
@@ -149,6 +148,11 @@ def _own_copy(values: Any, batch: Any) -> Any:
     return tuple(own(value) for value in values)
 
 
+def _where(tensor: torch.Tensor) -> tuple[Any, ...]:
+    """The memory and geometry a captured graph read ``tensor`` at."""
+    return tensor.data_ptr(), tensor.shape, tensor.stride(), tensor.dtype, tensor.device
+
+
 def _copy_into(name: str, static: Any, live: Any, *, copy_batch: bool) -> None:
     # Containers are walked: transformers VLMs hand their stack a dict of masks (one per attention type).
     if isinstance(static, dict) and isinstance(live, dict) and set(static) == set(live):
@@ -236,7 +240,8 @@ class LayerStackRunner:
         self.layer_model = self.discovery.module
         self._captured: dict[int, StaticInputs] = {}
         self._in_replay = False
-        self._state_at_capture: list[tuple[Any, ...]] = []
+        self._state_at_capture: list[Any] = []
+        self._state_slots: list[tuple[dict[str, Any], str]] = []
         self.capture()
 
     # -- seams -------------------------------------------------------------------------------
@@ -315,9 +320,14 @@ class LayerStackRunner:
         reads and writes the memory it was captured on."""
         return self._state_addresses() != self._state_at_capture
 
-    def _state_addresses(self) -> list[tuple[Any, ...]]:
-        return [(name, tensor.data_ptr(), tuple(tensor.shape), tensor.stride(), tensor.dtype, tensor.device)
-                for name, tensor in itertools.chain(self.model.named_parameters(), self.model.named_buffers())]
+    def _state_addresses(self) -> list[tuple[Any, ...] | None]:
+        # Read through the modules' own tables, listed once per capture: walking named_parameters() on every
+        # replay would cost the host path a recursive generator per call.
+        return [None if table.get(key) is None else _where(table[key]) for table, key in self._state_slots]
+
+    def _list_state_slots(self) -> list[tuple[dict[str, Any], str]]:
+        return [(table, key) for module in self.model.modules() for table in (module._parameters, module._buffers)
+                for key in table if table[key] is not None]
 
     def hand_out(self, output: Any) -> Any:
         # Copies: outputs may alias the graph's static buffers, which the next replay overwrites.
@@ -378,6 +388,7 @@ class LayerStackRunner:
                 static.graph = self.graphs.capture(step, pool=pool, warmup_runs=self.warmup_runs)
             self._captured[bucket] = static
             self.stats.captures += 1
+        self._state_slots = self._list_state_slots()
         self._state_at_capture = self._state_addresses()
 
     def _arguments_written(self, forward: Callable[..., Any], static: StaticInputs) -> frozenset[str]:

@@ -29,3 +29,26 @@ def test_a_serial_run_with_an_inherited_worker_variable_computes_its_own_matrix(
         cwd=ROOT, env=environment, capture_output=True, text=True, timeout=600)
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-2000:]
     assert "1 passed" in completed.stdout
+
+
+def test_only_a_real_xdist_worker_sizes_its_thread_pool(monkeypatch):
+    """A pytest that a worker's test starts inherits PYTEST_XDIST_WORKER without being a worker: it keeps its
+    threads; a worker (``config.workerinput``) takes its share of the cores."""
+    import os
+    import types
+
+    import torch
+
+    from harness.plugin import session
+
+    before = torch.get_num_threads()
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw3")
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", str(4 * (os.cpu_count() or 1)))
+    try:
+        session._set_up_xdist_worker(types.SimpleNamespace())
+        assert torch.get_num_threads() == before
+        torch.set_num_threads((os.cpu_count() or 1) + 1)  # not what a lone worker takes
+        session._set_up_xdist_worker(types.SimpleNamespace(workerinput={"workerid": "gw0", "workercount": 1}))
+        assert torch.get_num_threads() == max(1, os.cpu_count() or 1)
+    finally:
+        torch.set_num_threads(before)

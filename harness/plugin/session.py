@@ -86,13 +86,16 @@ def check_plugin_checkout(rootdir: Path) -> None:
                          f"environment: pip install -e {root}")
 
 
-def _set_up_xdist_worker() -> None:
+def _set_up_xdist_worker(config: pytest.Config) -> None:
     import torch
 
-    worker = os.environ.get("PYTEST_XDIST_WORKER")
-    if not worker:
+    # The worker's own id, not the environment's: a pytest that a worker's test starts inherits the variables
+    # without being a worker (the capture matrix's shards once read another run's file that way).
+    worker_input = getattr(config, "workerinput", None)
+    if worker_input is None:
         return
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    worker = str(worker_input["workerid"])
+    workers = int(worker_input.get("workercount", os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
     # Workers sharing a few cores must not each start a full intra-op thread pool.
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, workers)))
     if torch.cuda.is_available() and torch.cuda.device_count() > 1:
@@ -183,7 +186,7 @@ def activate(config: pytest.Config) -> HarnessSession:
     from harness.graphs import backend_for
     from harness.plugin import profiles
 
-    _set_up_xdist_worker()
+    _set_up_xdist_worker(config)
     try:
         profiles.load_hypothesis_profile(config)
         if config.getoption("--reproduce-failure"):

@@ -4,16 +4,22 @@ Each thread's calls go through ``check_run`` with a checker of their own, so eve
 on that thread's model and batch, and each thread's results must survive the other thread's calls. A
 :class:`~harness.oracle.concurrency.Rendezvous` in a forward pre-hook on each runner's layer module holds every forward
 of a thread there until the other thread's forward has arrived too: the two replays are both under way (each
-runner's layer forward patched, its forward context published) when either calls its layer stack."""
+runner's layer forward patched, its forward context published) when either calls its layer stack. The layer
+stacks' forwards themselves then take turns (a lock from that hook to a forward hook that runs even when the
+forward raises): what overlaps is everything a runner does around its stack, and the state it leaves published
+meanwhile. A runner that sends one thread's call into the other's graph is then caught by values or shapes, not
+by two threads launching one CUDA graph at once, which CUDA leaves undefined (a run could hang instead of fail)."""
 
 from __future__ import annotations
+
+import threading
 
 import pytest
 import torch
 
 from harness.models import build_model
 from harness.oracle import Checker
-from harness.oracle.concurrency import Rendezvous, run_in_threads
+from harness.oracle.concurrency import THREAD_TIMEOUT_S, Rendezvous, run_in_threads
 from harness.runner.cases import SEED, make_batch
 
 pytestmark = pytest.mark.clause("concurrent-runners")
@@ -32,8 +38,22 @@ def test_two_runners_run_from_two_threads_at_once(build_runner, check_run, failu
               for index in range(len(_THREADS))]
     runners = [build_runner(model, buckets=_BUCKETS) for model in models]
     rendezvous = Rendezvous(len(_THREADS))
+    turns, holding = threading.Lock(), threading.local()
+
+    def arrive(module, args):
+        rendezvous.wait()
+        if not turns.acquire(timeout=THREAD_TIMEOUT_S):
+            raise TimeoutError(f"the other thread's layer-stack forward held its turn for {THREAD_TIMEOUT_S:.0f} s")
+        holding.turn = True
+
+    def leave(module, args, output):
+        if getattr(holding, "turn", False):  # not where the pre-hook failed before taking its turn
+            holding.turn = False
+            turns.release()
+
     for runner in runners:
-        runner.discovery.module.register_forward_pre_hook(lambda module, args: rendezvous.wait())
+        runner.discovery.module.register_forward_pre_hook(arrive)
+        runner.discovery.module.register_forward_hook(leave, always_call=True)
     checkers = [Checker("runner", context=failure_context) for _ in _THREADS]
 
     def calls(index):

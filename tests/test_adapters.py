@@ -127,8 +127,7 @@ def test_harness_breaks_reach_sglangs_own_marker():
     SGLang capture it is SGLang's plain call), and the receiver records its name for break_names."""
     result = _python("""
         import torch
-        from harness.adapters.sglang import _ForwardBreaks  # the adapter's receiver, tested directly
-        from harness.graphs import eager_on_graph, receive_breaks
+        from harness.graphs import EngineBreaks, eager_on_graph, receive_breaks  # the adapter's receiver
         from sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph import eager_on_graph as mark
         wrapped = []
         def spy(fn):
@@ -137,7 +136,7 @@ def test_harness_breaks_reach_sglangs_own_marker():
         @eager_on_graph
         def attention(h, *, scale):
             return h * scale
-        receiver = _ForwardBreaks(spy)
+        receiver = EngineBreaks(spy)
         with receive_breaks(receiver):
             out = attention(torch.ones(2), scale=3.0)
         print(wrapped, receiver.names, out.tolist())

@@ -10,11 +10,11 @@ unchanged, its data path on the stand-ins of the folder ``.ci/gpu/extract-sglang
 
 from __future__ import annotations
 
-import gc
+import contextlib
 import importlib
 import importlib.metadata
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +24,7 @@ from torch import nn
 from harness.batch import validate_buckets
 from harness.conformance.clauses import DocumentedAway, outside_contract, rests_on_stand_in
 from harness.errors import HarnessError, ImplementationError, UsageError
-from harness.graphs import EngineBreakBody, GraphBackend, receive_breaks
+from harness.graphs import EngineBreaks, EngineCapturer, GraphBackend, receive_breaks
 
 if TYPE_CHECKING:
     from harness.runner.discovery import DiscoveryResult
@@ -67,25 +67,6 @@ def engine_version() -> str:
 # --- graphs ----------------------------------------------------------------------------------------
 
 
-class _ForwardBreaks:
-    """The break receiver of one capture: each harness break call goes to SGLang's ``eager_on_graph``.
-
-    Bridge (names): SGLang marks breaks with its own decorator, which reads SGLang's active capture
-    when called; decorating the harness's break body at call time is the same as decorating it
-    where it is defined. Nested breaks, re-entrant captures and write-back are SGLang's to handle.
-    """
-
-    def __init__(self, mark: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
-        self._mark = mark
-        self.names: list[str] = []
-
-    def run_break(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        self.names.append(getattr(fn, "__qualname__", repr(fn)))
-        # The body runs as a break body for the harness (is_capturing() is False there); a break it calls goes to
-        # SGLang's decorator, whose nesting rule is SGLang's.
-        return self._mark(EngineBreakBody(self._mark).wrap(fn))(*args, **kwargs)
-
-
 class SGLangGraph:
     """A captured SGLang ``BreakableCUDAGraph`` with the harness's graph interface."""
 
@@ -116,65 +97,44 @@ class SGLangGraph:
         return f"<SGLangGraph {self.segment_count} segments, {self.break_count} breaks>"
 
 
-class SGLangCapturer:
-    """The harness's capturer interface over SGLang's ``BreakableCUDAGraphCapture``."""
-
-    def __init__(self, backend: GraphBackend) -> None:
-        if backend.name != "cuda":
-            raise UsageError(_NEEDS_CUDA)
-        self._breakable = _import("graphs=sglang", BREAKABLE_MODULE)
-        self.backend = backend
-        self.device = torch.device(getattr(backend, "device", None) or "cuda")
-        # Bridge (stream): SGLang's runners capture every graph on one dedicated capture stream
-        # (get_or_create_global_graph_capture_stream) that first waits for the caller's stream.
-        self._stream = torch.cuda.Stream(device=self.device)
-
-    def new_pool(self) -> Any:
-        # Bridge (pool): SGLang's get_or_create_global_graph_memory_pool is the device module's
-        # graph_pool_handle(), made once and shared by every graph of the runner.
-        return torch.cuda.graph_pool_handle()
-
-    def capture(self, fn: Callable[[], Any], *, pool: Any = None, warmup_runs: int = 1) -> SGLangGraph:
-        breakable = self._breakable
-        pool = self.new_pool() if pool is None else pool
-        graph = breakable.BreakableCUDAGraph()
-        receiver = _ForwardBreaks(breakable.eager_on_graph)
-        caller = torch.cuda.current_stream(self.device)
-        self._stream.wait_stream(caller)
-        # Bridge (capture set-up): SGLang's runner collects garbage and keeps the collector from
-        # destroying graphs while a capture runs (freeze_gc); destroying one would end the capture.
-        gc.collect()
-        collector_was_enabled = gc.isenabled()
-        gc.disable()
-        try:
-            with torch.cuda.device(self.device), torch.cuda.stream(self._stream):
-                # Bridge (warm-up): BreakableCudaGraphBackend.capture_one synchronises and runs the
-                # forward eagerly before capturing; the harness's interface says how many times.
-                for _ in range(warmup_runs):
-                    torch.cuda.synchronize(self.device)
-                    fn()
-                torch.cuda.synchronize(self.device)
-                # Bridge (names): capture_session/replay_session wrap capture in enable_breakable_cuda_graph().
-                with breakable.enable_breakable_cuda_graph(), receive_breaks(receiver), \
-                        breakable.BreakableCUDAGraphCapture(cuda_graph=graph, pool=pool, stream=self._stream):
-                    output = fn()
-        except BaseException as error:
-            # Bridge (error types): a CUDA capture failure (a host sync, a copy to the host) becomes
-            # the harness's CaptureError, as the harness's own CUDA backend reports it; other
-            # exceptions, SGLang's own included, propagate as they are.
-            translated = self.backend.translate_errors(error)
-            if translated is not error:
-                raise translated from error
-            raise
-        finally:
-            caller.wait_stream(self._stream)
-            if collector_was_enabled:
-                gc.enable()
-        return SGLangGraph(graph, output, receiver.names, breakable)
-
-
 _NEEDS_CUDA = ("--impl graphs=sglang captures real CUDA graphs with SGLang's BreakableCUDAGraph, which the "
                "emulated backend cannot stand in for: run with --device cuda --graph-backend cuda on a GPU")
+
+
+class SGLangCapturer(EngineCapturer):
+    """The harness's capturer interface over SGLang's ``BreakableCUDAGraphCapture``, set up as SGLang's runners capture:
+    every graph on one dedicated capture stream (get_or_create_global_graph_capture_stream) that first waits for the
+    caller's, one pool for the runner (get_or_create_global_graph_memory_pool: the device module's
+    graph_pool_handle()), the collector collected and kept from destroying graphs during a capture (freeze_gc)."""
+
+    needs_cuda = _NEEDS_CUDA
+
+    def __init__(self, backend: GraphBackend) -> None:
+        super().__init__(backend)
+        self._breakable = _import("graphs=sglang", BREAKABLE_MODULE)
+
+    def begin(self, pool: Any) -> tuple[Any, EngineBreaks]:
+        return self._breakable.BreakableCUDAGraph(), EngineBreaks(self._breakable.eager_on_graph)
+
+    def warm_up(self, fn: Callable[[], Any], runs: int) -> None:
+        # Bridge (warm-up): BreakableCudaGraphBackend.capture_one synchronises and runs the forward eagerly before
+        # capturing; the harness's interface says how many times.
+        for _ in range(runs):
+            torch.cuda.synchronize(self.device)
+            fn()
+        torch.cuda.synchronize(self.device)
+
+    @contextlib.contextmanager
+    def capturing(self, state: Any, pool: Any) -> Iterator[None]:
+        # Bridge (names): capture_session/replay_session wrap capture in enable_breakable_cuda_graph().
+        with self._breakable.enable_breakable_cuda_graph(), \
+                self._breakable.BreakableCUDAGraphCapture(cuda_graph=state, pool=pool, stream=self._stream):
+            yield
+
+    def finish(self, state: Any, output: Any, names: list[str]) -> SGLangGraph:
+        return SGLangGraph(state, output, names, self._breakable)
+
+
 
 
 def load_capturer(*, graph_backend: str | None = None) -> type[SGLangCapturer]:
@@ -328,7 +288,7 @@ class SGLangRunner:
         try:
             # Bridge (breaks): the zoo's attention is a harness break; inside SGLang's capture it goes to SGLang's
             # eager_on_graph, as its own attention layers are marked.
-            with receive_breaks(_ForwardBreaks(breakable.eager_on_graph)), self._grad_mode():
+            with receive_breaks(EngineBreaks(breakable.eager_on_graph)), self._grad_mode():
                 self.inner = standins.PrefillCudaGraphRunner(standins.ModelRunner(model))
         except RuntimeError as error:
             if "could not resolve inner layer_model" not in str(error):

@@ -19,19 +19,17 @@ made by ``.ci/gpu/extract-trtllm`` (``.trtllm``) on ``PYTHONPATH``. ``docs/graph
 
 from __future__ import annotations
 
-import gc
+import contextlib
 import importlib
 import importlib.metadata
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from harness.conformance.clauses import DocumentedAway
 from harness.errors import ImplementationError, UsageError
-from harness.graphs import EngineBreakBody, GraphBackend, receive_breaks
+from harness.graphs import EngineBreaks, EngineCapturer, GraphBackend
 
 __all__ = ["TRTLLM_COMMIT", "TRTLLMCapturer", "TRTLLMGraph", "DOCUMENTED_AWAY", "load_capturer", "engine_version"]
 
@@ -84,27 +82,17 @@ def engine_version() -> str:
         return f"commit {commit[:12]}" if commit else "unknown"
 
 
-class _ForwardBreaks:
-    """The break receiver of one capture: each harness break call goes to TensorRT-LLM's ``eager_on_graph(True)``.
-
-    Bridge (names): TensorRT-LLM marks breaks with its own decorator, which reads its active capture when called;
-    decorating the harness's break body at call time is the same as decorating it where it is defined. What the
-    decorator does with the arguments and the result (held through make_weak_ref, the result copied into the
-    capture-time one at replay), nested breaks and re-entrant captures are TensorRT-LLM's. A name is recorded only
-    when TensorRT-LLM counted the call as a break.
-    """
+class _CountedBreaks(EngineBreaks):
+    """Breaks go to TensorRT-LLM's ``eager_on_graph(True)``, which holds the arguments through make_weak_ref and
+    copies the result into the capture-time one at replay; a name is recorded only when TensorRT-LLM counted the
+    call as a break."""
 
     def __init__(self, mark: Callable[[Callable[..., Any]], Callable[..., Any]], graph: Any) -> None:
-        self._mark = mark
+        super().__init__(mark)
         self._graph = graph
-        self.names: list[str] = []
 
-    def run_break(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        before = self._graph.num_breaks
-        result = self._mark(EngineBreakBody(self._mark).wrap(fn))(*args, **kwargs)
-        if self._graph.num_breaks > before:
-            self.names.append(getattr(fn, "__qualname__", repr(fn)))
-        return result
+    def engine_breaks(self) -> int:
+        return int(self._graph.num_breaks)
 
 
 class TRTLLMGraph:
@@ -135,65 +123,40 @@ class TRTLLMGraph:
         return f"<TRTLLMGraph {self.segment_count} segments, {self.break_count} breaks>"
 
 
-class TRTLLMCapturer:
-    """The harness's capturer interface over TensorRT-LLM's ``BreakableCUDAGraphCapture``."""
-
-    def __init__(self, backend: GraphBackend) -> None:
-        if backend.name != "cuda":
-            raise UsageError(_NEEDS_CUDA)
-        self._breakable = _import("graphs=trtllm", BREAKABLE_MODULE)
-        self.backend = backend
-        self.device = torch.device(getattr(backend, "device", None) or "cuda")
-        # Bridge (stream): BreakableCUDAGraphRunner makes one capture stream and hands it to every capture.
-        self._stream = torch.cuda.Stream(device=self.device)
-
-    def new_pool(self) -> Any:
-        # Bridge (pool): the runner makes its pool with torch.cuda.graph_pool_handle() and passes that one handle to
-        # every segment ("Passing None lets each CUDAGraph create its own private pool").
-        return torch.cuda.graph_pool_handle()
-
-    def capture(self, fn: Callable[[], Any], *, pool: Any = None, warmup_runs: int = 1) -> TRTLLMGraph:
-        breakable = self._breakable
-        pool = self.new_pool() if pool is None else pool
-        graph = breakable.BreakableCUDAGraph()
-        receiver = _ForwardBreaks(breakable.eager_on_graph(True), graph)
-        caller = torch.cuda.current_stream(self.device)
-        self._stream.wait_stream(caller)
-        # Bridge (capture set-up): the runner leaves the collector alone; the suites drop graphs and tensors of
-        # earlier tests, and a collection that destroys a graph while a segment captures ends that capture, so it
-        # is collected first and off while the capture runs, as the SGLang and vLLM adapters have it.
-        gc.collect()
-        collector_was_enabled = gc.isenabled()
-        gc.disable()
-        try:
-            with torch.cuda.device(self.device), torch.cuda.stream(self._stream):
-                # Bridge (warm-up): the runner's capture runs the forward eagerly on the capture stream first (two
-                # steps, no synchronisation); the interface says how many.
-                for _ in range(warmup_runs):
-                    fn()
-                # Bridge (names): the runner's capture_context opens the capture this way.
-                with breakable.enable_breakable_cuda_graph(), receive_breaks(receiver), \
-                        breakable.BreakableCUDAGraphCapture(graph, pool=pool, stream=self._stream):
-                    output = fn()
-        except BaseException as error:
-            # Bridge (failure): the runner resets the graph of a capture that raised, then re-raises.
-            graph.reset()
-            # Bridge (error types): a CUDA capture failure (a host sync, a copy to the host) becomes the harness's
-            # CaptureError, as the harness's own CUDA backend reports it; TensorRT-LLM's own exceptions and the
-            # breaks' propagate unchanged.
-            translated = self.backend.translate_errors(error)
-            if translated is not error:
-                raise translated from error
-            raise
-        finally:
-            caller.wait_stream(self._stream)
-            if collector_was_enabled:
-                gc.enable()
-        return TRTLLMGraph(graph, output, receiver.names, breakable)
-
-
 _NEEDS_CUDA = ("--impl graphs=trtllm captures real CUDA graphs with TensorRT-LLM's BreakableCUDAGraph, which the "
                "emulated backend cannot stand in for: run with --device cuda --graph-backend cuda on a GPU")
+
+
+class TRTLLMCapturer(EngineCapturer):
+    """The harness's capturer interface over TensorRT-LLM's ``BreakableCUDAGraphCapture``, set up as its
+    ``BreakableCUDAGraphRunner`` captures: one capture stream of its own handed to every capture, one pool handle for
+    every segment ("Passing None lets each CUDAGraph create its own private pool"), the warm-ups on the capture
+    stream with no synchronisation, the graph reset when a capture raises. The runner leaves the collector alone;
+    the adapter collects and turns it off during the capture as for the other engines (the suites drop earlier
+    tests' graphs, and destroying one while a segment captures ends that capture)."""
+
+    needs_cuda = _NEEDS_CUDA
+
+    def __init__(self, backend: GraphBackend) -> None:
+        super().__init__(backend)
+        self._breakable = _import("graphs=trtllm", BREAKABLE_MODULE)
+
+    def begin(self, pool: Any) -> tuple[Any, EngineBreaks]:
+        graph = self._breakable.BreakableCUDAGraph()
+        return graph, _CountedBreaks(self._breakable.eager_on_graph(True), graph)
+
+    @contextlib.contextmanager
+    def capturing(self, state: Any, pool: Any) -> Iterator[None]:
+        # Bridge (names): the runner's capture_context opens the capture this way.
+        with self._breakable.enable_breakable_cuda_graph(), \
+                self._breakable.BreakableCUDAGraphCapture(state, pool=pool, stream=self._stream):
+            yield
+
+    def failed(self, state: Any) -> None:
+        state.reset()
+
+    def finish(self, state: Any, output: Any, names: list[str]) -> TRTLLMGraph:
+        return TRTLLMGraph(state, output, names, self._breakable)
 
 
 def load_capturer(*, graph_backend: str | None = None) -> type[TRTLLMCapturer]:

@@ -17,7 +17,6 @@ bridges, ``docs/conformance/README.md`` how the report is recorded."""
 
 from __future__ import annotations
 
-import gc
 import importlib
 import importlib.metadata
 import os
@@ -29,7 +28,7 @@ import torch
 
 from harness.conformance.clauses import DocumentedAway, outside_contract
 from harness.errors import ImplementationError, UsageError
-from harness.graphs import EngineBreakBody, GraphBackend, receive_breaks
+from harness.graphs import EngineBreaks, EngineCapturer, GraphBackend
 
 __all__ = ["VLLM_VERSION", "VLLMCapturer", "VLLMGraph", "DOCUMENTED_AWAY", "load_capturer", "engine_version"]
 
@@ -115,31 +114,23 @@ def engine_version() -> str:
         return str(getattr(importlib.import_module("vllm"), "__version__", "unknown"))
 
 
-class _ForwardBreaks:
-    """The break receiver of one capture: each harness break call goes to vLLM's ``eager_break_during_capture``.
-
-    Bridge (names): vLLM marks breaks with its own decorator, which reads vLLM's active capture when called;
-    decorating the harness's break body at call time is the same as decorating it where it is defined. What
-    the decorator does with the arguments (tensors held through weak_ref_tensor) and the result (returned at
-    capture, dropped at replay), nested breaks and re-entrant captures are vLLM's. A name is recorded only
-    when vLLM counted the call as a break (a call from inside a break body runs inline there).
-    """
+class _ContractBreaks(EngineBreaks):
+    """Breaks go to vLLM's ``eager_break_during_capture``, which holds tensor arguments through weak_ref_tensor and
+    returns the result at capture, dropping it at replay; a name is recorded only when vLLM counted the call as a
+    break (a call from inside a break body runs inline there)."""
 
     def __init__(self, mark: Callable[[Callable[..., Any]], Callable[..., Any]], capture: Any) -> None:
-        self._mark = mark
+        super().__init__(mark)
         self._capture = capture
-        self.names: list[str] = []
 
-    def run_break(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        before = self._capture.num_eager_breaks
-        result = self._mark(EngineBreakBody(self._mark).wrap(fn))(*args, **kwargs)
-        if self._capture.num_eager_breaks > before:
-            self.names.append(getattr(fn, "__qualname__", repr(fn)))
-            if not _within_contract(result, (*args, *kwargs.values())):
-                # vLLM's contract: a break writes a caller-provided buffer and its result is dropped at replay
-                # (DOCUMENTED_AWAY, write-back): a test whose break hands back a new object is outside it.
-                outside_contract("write-back")
-        return result
+    def engine_breaks(self) -> int:
+        return int(self._capture.num_eager_breaks)
+
+    def counted(self, result: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if not _within_contract(result, (*args, *kwargs.values())):
+            # vLLM's contract: a break writes a caller-provided buffer and its result is dropped at replay
+            # (DOCUMENTED_AWAY, write-back): a test whose break hands back a new object is outside it.
+            outside_contract("write-back")
 
 
 def _within_contract(result: Any, arguments: tuple[Any, ...]) -> bool:
@@ -190,69 +181,41 @@ class VLLMGraph:
         return f"<VLLMGraph {self.segment_count} segments, {self.break_count} breaks>"
 
 
-class VLLMCapturer:
-    """The harness's capturer interface over vLLM's ``BreakableCUDAGraphCapture``."""
-
-    def __init__(self, backend: GraphBackend) -> None:
-        if backend.name != "cuda":
-            raise UsageError(_NEEDS_CUDA)
-        self._breakable = _import("graphs=vllm", BREAKABLE_MODULE)
-        self._monitor = _import("graphs=vllm", MONITOR_MODULE)
-        self.backend = backend
-        self.device = torch.device(getattr(backend, "device", None) or "cuda")
-        # Bridge (stream): vLLM's runner captures inside graph_capture() (vllm.distributed.parallel_state),
-        # on a stream of its own that first waits for the caller's; BreakableCUDAGraphCapture begins each
-        # segment on the current stream.
-        self._stream = torch.cuda.Stream(device=self.device)
-
-    def new_pool(self) -> Any:
-        # Bridge (pool): vLLM's CUDA platform's graph_pool_handle() is torch.cuda.graph_pool_handle().
-        return torch.cuda.graph_pool_handle()
-
-    def capture(self, fn: Callable[[], Any], *, pool: Any = None, warmup_runs: int = 1) -> VLLMGraph:
-        breakable = self._breakable
-        # Bridge (pool): the harness's pool=None means a pool of this graph's own; every segment of one capture
-        # goes into it, as BreakableCUDAGraphWrapper puts every segment into its graph pool.
-        pool = self.new_pool() if pool is None else pool
-        capture = breakable.BreakableCUDAGraphCapture(pool=pool)
-        receiver = _ForwardBreaks(breakable.eager_break_during_capture, capture)
-        caller = torch.cuda.current_stream(self.device)
-        self._stream.wait_stream(caller)
-        # Bridge (capture set-up): vLLM's runner captures under freeze_gc_for_cudagraph_capture (collect, then
-        # the collector off: a collection during capture can end it); its freezing of the heap, a speed-up
-        # for bulk capture, is left out.
-        gc.collect()
-        collector_was_enabled = gc.isenabled()
-        gc.disable()
-        try:
-            with torch.cuda.device(self.device), torch.cuda.stream(self._stream):
-                # Bridge (warm-up): the runner's _warmup_and_capture runs the forward eagerly (no graph) the
-                # configured number of times and synchronises before capturing; the interface says how many.
-                for _ in range(warmup_runs):
-                    fn()
-                if warmup_runs:
-                    torch.cuda.synchronize(self.device)
-                # BreakableCUDAGraphWrapper._capture calls this guard before every capture.
-                self._monitor.validate_cudagraph_capturing_enabled()
-                with receive_breaks(receiver), capture:
-                    output = fn()
-        except BaseException as error:
-            # Bridge (error types): a CUDA capture failure (a host sync, a copy to the host) becomes the
-            # harness's CaptureError, as the harness's own CUDA backend reports it; vLLM's own exceptions (its
-            # RuntimeError for a nested capture) and the breaks' propagate unchanged.
-            translated = self.backend.translate_errors(error)
-            if translated is not error:
-                raise translated from error
-            raise
-        finally:
-            caller.wait_stream(self._stream)
-            if collector_was_enabled:
-                gc.enable()
-        return VLLMGraph(capture, output, receiver.names)
-
-
 _NEEDS_CUDA = ("--impl graphs=vllm captures real CUDA graphs with vLLM's BreakableCUDAGraphCapture, which the "
                "emulated backend cannot stand in for: run with --device cuda --graph-backend cuda on a GPU")
+
+
+class VLLMCapturer(EngineCapturer):
+    """The harness's capturer interface over vLLM's ``BreakableCUDAGraphCapture``, set up as vLLM's runner captures
+    around ``BreakableCUDAGraphWrapper``: inside graph_capture() on a stream of its own that first waits for the
+    caller's, every segment of a capture in its graph pool (the CUDA platform's graph_pool_handle()), under
+    freeze_gc_for_cudagraph_capture (collected, then the collector off; its freezing of the heap, a speed-up for
+    bulk capture, is left out)."""
+
+    needs_cuda = _NEEDS_CUDA
+
+    def __init__(self, backend: GraphBackend) -> None:
+        super().__init__(backend)
+        self._breakable = _import("graphs=vllm", BREAKABLE_MODULE)
+        self._monitor = _import("graphs=vllm", MONITOR_MODULE)
+
+    def begin(self, pool: Any) -> tuple[Any, EngineBreaks]:
+        capture = self._breakable.BreakableCUDAGraphCapture(pool=pool)
+        return capture, _ContractBreaks(self._breakable.eager_break_during_capture, capture)
+
+    def warm_up(self, fn: Callable[[], Any], runs: int) -> None:
+        # Bridge (warm-up): the runner's _warmup_and_capture runs the forward eagerly (no graph) the configured
+        # number of times and synchronises before capturing.
+        super().warm_up(fn, runs)
+        if runs:
+            torch.cuda.synchronize(self.device)
+
+    def capturing(self, state: Any, pool: Any) -> Any:
+        self._monitor.validate_cudagraph_capturing_enabled()  # BreakableCUDAGraphWrapper._capture's guard
+        return state
+
+    def finish(self, state: Any, output: Any, names: list[str]) -> VLLMGraph:
+        return VLLMGraph(state, output, names)
 
 
 def load_capturer(*, graph_backend: str | None = None) -> type[VLLMCapturer]:

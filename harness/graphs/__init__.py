@@ -30,6 +30,7 @@ from harness.graphs._breakable import (
 from harness.graphs._capture_rules import HOST_SYNC_OPS, check_capturable
 from harness.graphs._cuda import CudaBackend
 from harness.graphs._emulated import EmulatedBackend
+from harness.graphs._engine import EngineBreaks, EngineCapturer
 from harness.graphs._seam import (
     INLINE_BREAKS,
     BreakReceiver,
@@ -58,6 +59,8 @@ __all__ = [
     "BreakReceiver",
     "INLINE_BREAKS",
     "EngineBreakBody",
+    "EngineBreaks",
+    "EngineCapturer",
     "current_break_receiver",
     "write_back",
     "copy_tensor",

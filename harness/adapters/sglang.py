@@ -24,7 +24,7 @@ from torch import nn
 from harness.batch import validate_buckets
 from harness.conformance.clauses import DocumentedAway, outside_contract, rests_on_stand_in
 from harness.errors import HarnessError, ImplementationError, UsageError
-from harness.graphs import EngineBreaks, EngineCapturer, GraphBackend, receive_breaks
+from harness.graphs import EngineBreaks, EngineCapturer, EngineGraph, GraphBackend, receive_breaks
 
 if TYPE_CHECKING:
     from harness.runner.discovery import DiscoveryResult
@@ -67,34 +67,20 @@ def engine_version() -> str:
 # --- graphs ----------------------------------------------------------------------------------------
 
 
-class SGLangGraph:
-    """A captured SGLang ``BreakableCUDAGraph`` with the harness's graph interface."""
+class SGLangGraph(EngineGraph):
+    """A captured SGLang ``BreakableCUDAGraph`` with the harness's graph interface. Bridge (names): SGLang opens a
+    segment when the capture begins and after every break, and closes one at every break and at the end; its
+    container keeps the count private, so the counts are the defaults (breaks recorded, one segment more)."""
 
     def __init__(self, graph: Any, output: Any, break_names: list[str], breakable: Any) -> None:
-        self._graph = graph
+        super().__init__(graph, output, break_names)
         self._breakable = breakable
-        self.output = output
-        self.break_names = list(break_names)
 
-    @property
-    def break_count(self) -> int:
-        return len(self.break_names)
-
-    @property
-    def segment_count(self) -> int:
-        # Bridge (names): SGLang opens a segment when the capture begins and after every break, and
-        # closes one at every break and at the end; its container keeps the count private.
-        return self.break_count + 1
-
-    def replay(self) -> Any:
+    def replay_engine(self) -> None:
         # Bridge: SGLang's BreakableCudaGraphBackend replays inside enable_breakable_cuda_graph() (its
-        # replay_session) and hands back the objects the capture returned; replay() itself returns None.
+        # replay_session) and hands back the objects the capture returned.
         with self._breakable.enable_breakable_cuda_graph():
             self._graph.replay()
-        return self.output
-
-    def __repr__(self) -> str:
-        return f"<SGLangGraph {self.segment_count} segments, {self.break_count} breaks>"
 
 
 _NEEDS_CUDA = ("--impl graphs=sglang captures real CUDA graphs with SGLang's BreakableCUDAGraph, which the "

@@ -29,7 +29,7 @@ from typing import Any
 
 from harness.conformance.clauses import DocumentedAway
 from harness.errors import ImplementationError, UsageError
-from harness.graphs import EngineBreaks, EngineCapturer, GraphBackend
+from harness.graphs import EngineBreaks, EngineCapturer, EngineGraph, GraphBackend
 
 __all__ = ["TRTLLM_COMMIT", "TRTLLMCapturer", "TRTLLMGraph", "DOCUMENTED_AWAY", "load_capturer", "engine_version"]
 
@@ -95,32 +95,27 @@ class _CountedBreaks(EngineBreaks):
         return int(self._graph.num_breaks)
 
 
-class TRTLLMGraph:
-    """A captured TensorRT-LLM ``BreakableCUDAGraph`` with the harness's graph interface."""
+class TRTLLMGraph(EngineGraph):
+    """A captured TensorRT-LLM ``BreakableCUDAGraph`` with the harness's graph interface; the counts are
+    TensorRT-LLM's own, the empty segments included."""
 
     def __init__(self, graph: Any, output: Any, break_names: list[str], breakable: Any) -> None:
-        self._graph = graph
+        super().__init__(graph, output, break_names)
         self._breakable = breakable
-        self.output = output
-        self.break_names = list(break_names)
 
     @property
     def segment_count(self) -> int:
-        return int(self._graph.num_segments)  # TensorRT-LLM's own count, the empty segments included
+        return int(self._graph.num_segments)
 
     @property
     def break_count(self) -> int:
         return int(self._graph.num_breaks)
 
-    def replay(self) -> Any:
+    def replay_engine(self) -> None:
         # Bridge: BreakableCUDAGraphRunner.execute replays inside enable_breakable_cuda_graph() and returns the
-        # output it kept from the capture; BreakableCUDAGraph.replay() itself returns None.
+        # output it kept from the capture.
         with self._breakable.enable_breakable_cuda_graph():
             self._graph.replay()
-        return self.output
-
-    def __repr__(self) -> str:
-        return f"<TRTLLMGraph {self.segment_count} segments, {self.break_count} breaks>"
 
 
 _NEEDS_CUDA = ("--impl graphs=trtllm captures real CUDA graphs with TensorRT-LLM's BreakableCUDAGraph, which the "

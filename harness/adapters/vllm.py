@@ -28,7 +28,7 @@ import torch
 
 from harness.conformance.clauses import DocumentedAway, outside_contract
 from harness.errors import ImplementationError, UsageError
-from harness.graphs import EngineBreaks, EngineCapturer, GraphBackend
+from harness.graphs import EngineBreaks, EngineCapturer, EngineGraph, GraphBackend
 
 __all__ = ["VLLM_VERSION", "VLLMCapturer", "VLLMGraph", "DOCUMENTED_AWAY", "load_capturer", "engine_version"]
 
@@ -153,32 +153,20 @@ def _within_contract(result: Any, arguments: tuple[Any, ...]) -> bool:
     return False
 
 
-class VLLMGraph:
-    """A finished vLLM ``BreakableCUDAGraphCapture`` with the harness's graph interface."""
-
-    def __init__(self, capture: Any, output: Any, break_names: list[str]) -> None:
-        self._capture = capture
-        self.output = output
-        self.break_names = list(break_names)
+class VLLMGraph(EngineGraph):
+    """A finished vLLM ``BreakableCUDAGraphCapture`` with the harness's graph interface. Bridge (names): vLLM's
+    replay() runs the segments and the breaks in order and returns None; its usage reads the outputs where the
+    capture left them ("Output tensors live at the same addresses as during capture"), so ``replay()`` returns
+    ``graph.output``, that same object, not refreshed here. The counts are vLLM's own, the empty segments
+    included."""
 
     @property
     def segment_count(self) -> int:
-        # vLLM's own count: one graph per segment, the empty ones included.
-        return int(self._capture.num_graphs)
+        return int(self._graph.num_graphs)
 
     @property
     def break_count(self) -> int:
-        return int(self._capture.num_eager_breaks)
-
-    def replay(self) -> Any:
-        # Bridge (names): vLLM's replay() runs the segments and the breaks in order and returns None; its
-        # usage reads the outputs where the capture left them ("Output tensors live at the same addresses as
-        # during capture"). The harness's interface returns graph.output: that same object, not refreshed here.
-        self._capture.replay()
-        return self.output
-
-    def __repr__(self) -> str:
-        return f"<VLLMGraph {self.segment_count} segments, {self.break_count} breaks>"
+        return int(self._graph.num_eager_breaks)
 
 
 _NEEDS_CUDA = ("--impl graphs=vllm captures real CUDA graphs with vLLM's BreakableCUDAGraphCapture, which the "

@@ -30,7 +30,7 @@ from harness.graphs._breakable import (
 from harness.graphs._capture_rules import HOST_SYNC_OPS, check_capturable
 from harness.graphs._cuda import CudaBackend
 from harness.graphs._emulated import EmulatedBackend
-from harness.graphs._engine import EngineBreaks, EngineCapturer
+from harness.graphs._engine import EngineBreaks, EngineCapturer, EngineGraph
 from harness.graphs._seam import (
     INLINE_BREAKS,
     BreakReceiver,
@@ -61,6 +61,7 @@ __all__ = [
     "EngineBreakBody",
     "EngineBreaks",
     "EngineCapturer",
+    "EngineGraph",
     "current_break_receiver",
     "write_back",
     "copy_tensor",

@@ -24,7 +24,7 @@ from harness.errors import UsageError
 from harness.graphs._backend import GraphBackend
 from harness.graphs._seam import EngineBreakBody, receive_breaks
 
-__all__ = ["EngineBreaks", "EngineCapturer"]
+__all__ = ["EngineBreaks", "EngineCapturer", "EngineGraph"]
 
 
 class EngineBreaks:
@@ -55,6 +55,37 @@ class EngineBreaks:
             self.names.append(getattr(fn, "__qualname__", repr(fn)))
             self.counted(result, args, kwargs)
         return result
+
+
+class EngineGraph:
+    """A captured engine graph with the harness's graph interface: ``output`` is what the capture returned (the
+    engine's replay refreshes it in place), ``break_names`` the breaks the receiver recorded. Counts default to the
+    breaks recorded and one segment more than breaks; :meth:`replay_engine` runs the engine's own replay (safe to
+    override, as the counts are)."""
+
+    def __init__(self, graph: Any, output: Any, break_names: list[str]) -> None:
+        self._graph = graph
+        self.output = output
+        self.break_names = list(break_names)
+
+    @property
+    def break_count(self) -> int:
+        return len(self.break_names)
+
+    @property
+    def segment_count(self) -> int:
+        return self.break_count + 1
+
+    def replay_engine(self) -> None:
+        self._graph.replay()
+
+    def replay(self) -> Any:
+        # The engines' replay() returns None; their runners hand back the objects the capture returned.
+        self.replay_engine()
+        return self.output
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.segment_count} segments, {self.break_count} breaks>"
 
 
 class EngineCapturer:

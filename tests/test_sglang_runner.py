@@ -148,3 +148,56 @@ def test_selecting_the_runner_adapter_without_the_engine_says_what_to_install():
     message = str(raised.value)
     assert "\n" not in message and "--impl runner=sglang needs SGLang" in message
     assert "pip install sglang==0.5.23" in message
+
+
+def _runtime_reads(folder: Path) -> dict[str, str]:
+    """Every attribute chain SGLang's extracted modules read from a runtime_context getter (``get_exec().graph.x``,
+    or a name bound to ``get_resources()`` then ``.x``) that the folder's stand-in lacks: chain -> where read."""
+    sys.path.insert(0, str(folder))
+    try:
+        context = __import__("sglang.srt.runtime_context", fromlist=["get_exec"])
+    finally:
+        sys.path.remove(str(folder))
+        for name in [name for name in sys.modules if name == "sglang" or name.startswith("sglang.")]:
+            del sys.modules[name]  # the stand-in package must not stay importable for later tests
+    getters = {name for name in dir(context) if name.startswith("get_") and name != "get_stream"}
+    missing: dict[str, str] = {}
+    for path in sorted((folder / "sglang").rglob("*.py")):
+        if path.name == "runtime_context.py":
+            continue
+        tree = ast.parse(path.read_text())
+        for scope in ast.walk(tree):
+            if not isinstance(scope, (ast.Module, ast.FunctionDef)):
+                continue
+            bound = {node.targets[0].id: node.value.func.id for node in ast.walk(scope)
+                     if isinstance(node, ast.Assign) and len(node.targets) == 1
+                     and isinstance(node.targets[0], ast.Name) and isinstance(node.value, ast.Call)
+                     and isinstance(node.value.func, ast.Name)
+                     and node.value.func.id in getters}
+            for node in ast.walk(scope):
+                if not isinstance(node, ast.Attribute) or not isinstance(node.ctx, ast.Load):
+                    continue
+                chain, root = [], node
+                while isinstance(root, ast.Attribute):
+                    chain.insert(0, root.attr)
+                    root = root.value
+                if isinstance(root, ast.Call) and isinstance(root.func, ast.Name) and root.func.id in getters:
+                    getter = root.func.id
+                elif isinstance(root, ast.Name) and root.id in bound:
+                    getter = bound[root.id]
+                else:
+                    continue
+                value = getattr(context, getter)()
+                for depth, attribute in enumerate(chain, 1):
+                    if not hasattr(value, attribute):
+                        missing[f"{getter}().{'.'.join(chain[:depth])}"] = f"{path.relative_to(folder)}:{node.lineno}"
+                        break
+                    value = getattr(value, attribute)
+    return missing
+
+
+@needs_wheel
+def test_the_runtime_context_stand_in_answers_everything_sglangs_runner_reads(extracted):
+    """The stand-in for SGLang's runtime context answers, with the release's defaults, every setting the extracted
+    runner modules read from it (a missing one surfaced on the H200 as an AttributeError inside SGLang's capture)."""
+    assert _runtime_reads(extracted) == {}

@@ -11,13 +11,14 @@ from types import SimpleNamespace
 
 import torch
 
-_PREFILL = SimpleNamespace(backend="breakable", bs=None, max_context_size=None, max_seq_len=None,
+_PREFILL = SimpleNamespace(backend="breakable", bs=None, max_bs=None, max_context_size=None, max_seq_len=None,
                            full_prefill_max_req=None, full_prefill_prefix_chunk_tokens=None)
+_DECODE = SimpleNamespace(bs=[])  # the prefill runner captures no decode shapes
 _EXEC = SimpleNamespace(
-    graph=SimpleNamespace(cuda_graph_config=SimpleNamespace(prefill=_PREFILL), enable_cudagraph_gc=False,
-                          debug_cuda_graph=False, torch_compile_max_bs=0),
+    graph=SimpleNamespace(cuda_graph_config=SimpleNamespace(prefill=_PREFILL, decode=_DECODE),
+                          enable_cudagraph_gc=False, debug_cuda_graph=False, torch_compile_max_bs=0),
     features=SimpleNamespace(enable_memory_saver=False, return_hidden_states_mode=None,
-                             enable_return_hidden_states=True),
+                             enable_return_hidden_states=True, enable_encoder_swa_bounded_replay=False),
     mamba=SimpleNamespace(enable_mamba_extra_buffer=False),
     comm=SimpleNamespace(flashinfer_allreduce_fusion_backend=None),
     overlap=SimpleNamespace(enable_two_batch_overlap=False),
@@ -25,7 +26,7 @@ _EXEC = SimpleNamespace(
 _FLAGS = SimpleNamespace(
     dp=SimpleNamespace(capturing_prefill_graph=False, prefill_graph_has_dp_gather=False,
                        prefill_graph_has_rank_barrier=False),
-    capture=SimpleNamespace(enable_torch_compile=False),
+    capture=SimpleNamespace(enable_torch_compile=False, disable_dispose_tensor=False),
 )
 
 
@@ -36,8 +37,9 @@ class _Group:
         return None
 
 
-_PARALLEL = SimpleNamespace(tp_group=_Group(), tp_rank=0, num_dp_ranks=1, pp_size=1, attn_tp_size=1,
-                            attn_dp_enabled=False, attn_cp_size=1, cp_strategy=None, dcp_enabled=False)
+_PARALLEL = SimpleNamespace(tp_group=_Group(), tp_rank=0, num_dp_ranks=1, pp_size=1, pp_rank=0, attn_tp_size=1,
+                            attn_dp_enabled=False, attn_cp_size=1, cp_strategy=None, dcp_enabled=False,
+                            dcp_comm_backend=None, dcp_group=None)
 _RESOURCES = SimpleNamespace(graph_memory_pool=None, graph_pool_borrow=None)  # Resources' defaults
 _STREAMS = {}
 
@@ -64,11 +66,11 @@ def get_memory():
 
 
 def get_schedule():
-    return SimpleNamespace(enable_mixed_chunk=False, disable_chunked_prefix_cache=True)
+    return SimpleNamespace(enable_mixed_chunk=False, disable_chunked_prefix_cache=True, chunked_prefill_size=None)
 
 
 def get_disagg():
-    return SimpleNamespace(enable_pdmux=False)
+    return SimpleNamespace(enable_pdmux=False, disaggregation_mode="null")
 
 
 def get_resources():

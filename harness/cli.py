@@ -6,6 +6,8 @@ the entry point."""
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 import threading
 import time
@@ -64,6 +66,7 @@ def _selfcheck(arguments: argparse.Namespace) -> int:
         raise HarnessError(f"--update-kill-matrix rewrites a checkout's {selfcheck.KILL_MATRIX_PATH.as_posix()}; this "
                            f"harness is installed ({root}), whose kill matrix stays as shipped")
     started = time.perf_counter()
+    _report_runs_in_flight_when_stopped()
     outcomes = selfcheck.run_selfcheck(components=chosen, graph_backend=arguments.graph_backend,
                                        device=arguments.device, jobs=arguments.jobs, root=root,
                                        test_timeout=arguments.test_timeout or None,
@@ -83,6 +86,19 @@ def _selfcheck(arguments: argparse.Namespace) -> int:
         if not arguments.keep_hints:
             selfcheck.write_hints(root, outcomes)
     return 0 if all(o.ok for o in outcomes) and not (moved and arguments.check_kill_matrix) else 1
+
+
+def _report_runs_in_flight_when_stopped() -> None:
+    """Stopped from outside (a CI step's limit sends SIGTERM), say which runs were still going and in which test,
+    then exit as the signal would have: the progress lines say only what had finished."""
+
+    def stopped(number: int, frame: Any) -> None:
+        lines = selfcheck.still_running() or ["no run was in flight"]
+        print("\n".join(["selfcheck: stopped from outside (SIGTERM)", *lines]), file=sys.stderr, flush=True)
+        os._exit(128 + number)
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, stopped)
 
 
 def _progress_printer(started: float):

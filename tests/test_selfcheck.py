@@ -304,3 +304,23 @@ def test_children_get_the_callers_pythonpath_made_absolute(monkeypatch: pytest.M
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([".", "src"]))
     environment = selfcheck.child_environment()
     assert environment["PYTHONPATH"].split(os.pathsep) == [str(tmp_path), str(tmp_path / "src")]
+
+
+def test_a_matrix_stopped_from_outside_says_which_runs_were_in_flight_and_where():
+    """A CI step's limit stops the matrix with SIGTERM: it names each run still going, for how long, and the last
+    test phase that run reported, then exits as the signal would (the progress lines only say what finished)."""
+    root = Path(__file__).resolve().parent.parent
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    child = subprocess.Popen([sys.executable, "-m", "harness", "selfcheck", "--component", "gather", "--jobs", "1",
+                              "--no-fork-server", "--keep-hints"], cwd=root, env=environment,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(12)  # the gather reference's suite is under way (it takes longer than this alone)
+        child.terminate()
+        stdout, stderr = child.communicate(timeout=60)
+    finally:
+        child.kill()
+    assert child.returncode == 128 + 15, stdout[-2000:] + stderr[-2000:]
+    assert "selfcheck: stopped from outside (SIGTERM)" in stderr, stderr[-2000:]
+    assert re.search(r"still running after \d+ s: gather reference; (last reported: suites/gather/\S+ \w+ \w+|"
+                     r"no test phase reported yet)", stderr), stderr[-2000:]

@@ -7,13 +7,14 @@ machine's hints cache :data:`HINTS_CACHE_PATH` and when a mutant counts as kille
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import json
 import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,8 @@ from harness.selfcheck.fork_server import available as fork_server_available
 
 __all__ = ["Outcome", "KILL_MATRIX_PATH", "HINTS_PATH", "HINTS_CACHE_PATH", "default_jobs", "run_one",
            "run_references", "run_selfcheck", "judge", "format_matrix", "write_json", "read_hints", "read_hints_cache",
-           "read_slow_kills", "hinted_test", "first_tests", "write_kill_matrix", "write_hints", "child_environment",
+           "read_slow_kills", "still_running", "hinted_test", "first_tests", "write_kill_matrix", "write_hints",
+           "child_environment",
            "fork_server_wanted", "TEST_SECONDS", "PROCESS_SECONDS", "SLOW_KILL_SECONDS", "MUTANT_NICENESS"]
 
 # The kill matrix, a golden: which test kills each mutant, per graph backend, and nothing that depends on the
@@ -271,7 +273,7 @@ def _run_together(impl_list: list[impls.Implementation], *, first: str, fork_ser
     environment = dict(environment)
     environment["HARNESS_RUN_FIRST"] = first if is_mutant else ""
     environment["HARNESS_EXIT_ON_FIRST_FAILURE"] = "1" if is_mutant else ""
-    with tempfile.TemporaryDirectory() as scratch:
+    with tempfile.TemporaryDirectory() as scratch, _in_flight(impl_list, Path(scratch)):
         report_log = Path(scratch) / "reports.jsonl"
         command = child_runs.pytest_command(
             (root / suite for suite in suites.values()), root=root, plugin="harness.selfcheck.plugin",
@@ -333,6 +335,32 @@ def _slowest(entries: list[dict[str, Any]]) -> list[tuple[str, float]]:
         seconds[entry["nodeid"]] = seconds.get(entry["nodeid"], 0.0) + entry.get("duration", 0.0)
     ranked = sorted(seconds.items(), key=lambda item: -item[1])[:SLOWEST_COUNT]
     return [(nodeid, round(total, 2)) for nodeid, total in ranked]
+
+
+_RUNNING: dict[int, tuple[str, float, Path]] = {}  # id -> (what runs, since when, its scratch folder)
+
+
+@contextlib.contextmanager
+def _in_flight(impl_list: list[impls.Implementation], scratch: Path) -> Iterator[None]:
+    key = id(scratch)
+    _RUNNING[key] = (", ".join(f"{impl.component} {impl.name}" for impl in impl_list), time.monotonic(), scratch)
+    try:
+        yield
+    finally:
+        _RUNNING.pop(key, None)
+
+
+def still_running() -> list[str]:
+    """A line for each run in flight: what runs, for how long, and the last test phase its report log holds
+    (so a matrix stopped from outside says which test of which run it was in)."""
+    lines = []
+    for what, since, scratch in sorted(list(_RUNNING.values()), key=lambda run: run[1]):
+        phases = child_runs.phase_reports(child_runs.read_report_log(scratch / "reports.jsonl"))
+        last = phases[-1] if phases else None
+        where = (f"last reported: {last['nodeid']} {last['when']} {last['outcome']}" if last
+                 else "no test phase reported yet")
+        lines.append(f"still running after {time.monotonic() - since:.0f} s: {what}; {where}")
+    return lines
 
 
 def _launch(command: list[str], environment: dict[str, str], *, cwd: Path, time_limit: float | None,

@@ -42,6 +42,7 @@ __all__ = [
     "RequestPool",
     "index_checked_attention",
     "with_pool_slots",
+    "SlottedLM",
     "IndexCheckedLM",
 ]
 
@@ -216,7 +217,22 @@ def with_pool_slots(batch: ForwardBatch, slots: tuple[int, ...] | list[int]) -> 
     return batch.with_side_inputs(**{TOKEN_SLOTS: per_token.to(batch.device)})
 
 
-class IndexCheckedLM(CausalLM):
+class SlottedLM(CausalLM):
+    """A :class:`CausalLM` whose stack takes each token's request-pool slot (the batch's ``token_slots`` side
+    input) as the keyword ``token_slots``; a batch without them (the capture's dummy) addresses the reserved
+    padding slot."""
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch,
+                input_embeds: torch.Tensor | None = None) -> LogitsOutput:
+        with forward_context(batch):
+            slots: Any = batch.side_inputs.get(TOKEN_SLOTS)
+            if slots is None:  # a batch without slots (the capture's dummy) addresses the reserved slot
+                slots = torch.full_like(input_ids, PADDING_POOL_SLOT)
+            hidden = self.stack(input_ids, positions, batch, input_embeds, token_slots=slots)
+            return self.logits_processor(hidden, batch)
+
+
+class IndexCheckedLM(SlottedLM):
     """The dense :class:`CausalLM` with a :class:`RequestPool` at ``request_pool`` whose attention,
     :func:`index_checked_attention`, checks every row it reads (the stack stays at ``model.layers``)."""
 
@@ -228,11 +244,3 @@ class IndexCheckedLM(CausalLM):
             attention: Any = layer.self_attn  # an _IndexCheckedAttention (nn.Module types attributes Tensor | Module)
             attention.kernel = functools.partial(index_checked_attention, pool=self.request_pool)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch,
-                input_embeds: torch.Tensor | None = None) -> LogitsOutput:
-        with forward_context(batch):
-            slots: Any = batch.side_inputs.get(TOKEN_SLOTS)
-            if slots is None:  # a batch without slots (the capture's dummy) addresses the reserved slot
-                slots = torch.full_like(input_ids, PADDING_POOL_SLOT)
-            hidden = self.stack(input_ids, positions, batch, input_embeds, token_slots=slots)
-            return self.logits_processor(hidden, batch)

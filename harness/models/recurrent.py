@@ -11,14 +11,12 @@ read it (zeros) and write nothing, so padding never changes the state."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import nn
 
-from harness.batch import ForwardBatch, forward_context
-from harness.models.engine import CausalLM, EngineModel, LogitsOutput, ModelConfig
-from harness.models.index_checked import PADDING_POOL_SLOT, TOKEN_SLOTS
+from harness.batch import ForwardBatch
+from harness.models.engine import EngineModel, ModelConfig
+from harness.models.index_checked import PADDING_POOL_SLOT, SlottedLM
 
 __all__ = ["RecurrentState", "RecurrentStateLM"]
 
@@ -58,19 +56,10 @@ class _RecurrentStack(EngineModel):
         return self.norm(hidden)
 
 
-class RecurrentStateLM(CausalLM):
+class RecurrentStateLM(SlottedLM):
     """The dense :class:`CausalLM` whose stack keeps a :class:`RecurrentState` at ``recurrent_state``."""
 
     def __init__(self, config: ModelConfig, *, num_slots: int = 8) -> None:
         states = RecurrentState(config, num_slots=num_slots)
         super().__init__(config, _RecurrentStack(config, states))
         self.recurrent_state = states
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch,
-                input_embeds: torch.Tensor | None = None) -> LogitsOutput:
-        with forward_context(batch):
-            slots: Any = batch.side_inputs.get(TOKEN_SLOTS)
-            if slots is None:  # a batch without slots (the capture's dummy) addresses the reserved slot
-                slots = torch.full_like(input_ids, PADDING_POOL_SLOT)
-            hidden = self.stack(input_ids, positions, batch, input_embeds, token_slots=slots)
-            return self.logits_processor(hidden, batch)

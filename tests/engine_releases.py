@@ -52,3 +52,20 @@ def extraction_script(script: Path) -> types.ModuleType:
     module.__file__ = str(script)  # as when it runs: a script finds the files beside it from its own path
     loader.exec_module(module)
     return module
+
+
+# The CUDA an engine's capture adapter meets, stood in on the CPU, for a test's script (indented as its own lines):
+# after the script has defined its ``Stream`` and ``Graph`` classes and a ``log`` list, this puts them in torch.cuda,
+# logs synchronisations, hands out numbered pool handles, and defines ``CudaBackend`` (what an adapter reads of a
+# backend).
+STAND_IN_CUDA_PATCHES = """
+    pools = itertools.count()
+    torch.cuda.Stream, torch.cuda.CUDAGraph = Stream, Graph
+    torch.cuda.current_stream = lambda device=None: Stream()
+    torch.cuda.device = torch.cuda.stream = lambda _: contextlib.nullcontext()
+    torch.cuda.synchronize = lambda device=None: log.append("sync")
+    torch.cuda.graph_pool_handle = lambda: (0, next(pools))
+    class CudaBackend:  # the adapter reads the name, the device and the error bridge
+        name, device = "cuda", None
+        def translate_errors(self, error): return error
+"""

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from engine_releases import engine_source, extraction_script, needs_engine_source
+from engine_releases import STAND_IN_CUDA_PATCHES, engine_source, extraction_script, needs_engine_source
 
 from harness import conformance, impls
 from harness.adapters.trtllm import DOCUMENTED_AWAY, TRTLLM_COMMIT, TRTLLMCapturer, engine_version
@@ -322,14 +322,7 @@ _STAND_IN_CUDA = """
             log.append(f"end {self.id}")
         def replay(self): log.append(f"replay {self.id}")
         def reset(self): log.append(f"reset {self.id}")
-    pools = itertools.count()
-    torch.cuda.Stream, torch.cuda.CUDAGraph = Stream, Graph
-    torch.cuda.current_stream = lambda device=None: Stream()
-    torch.cuda.device = torch.cuda.stream = lambda _: contextlib.nullcontext()
-    torch.cuda.graph_pool_handle = lambda: (0, next(pools))
-    class CudaBackend:  # the adapter reads the name, the device and the error bridge
-        name, device = "cuda", None
-        def translate_errors(self, error): return error
+""" + STAND_IN_CUDA_PATCHES + """
     from harness.adapters.trtllm import TRTLLMCapturer
     from harness.graphs import eager_on_graph, is_capturing
     from tensorrt_llm._torch.pyexecutor.breakable_cuda_graph import is_in_breakable_cuda_graph

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from engine_releases import extraction_script, needs_release_wheel, release_wheel
+from engine_releases import STAND_IN_CUDA_PATCHES, extraction_script, needs_release_wheel, release_wheel
 
 from harness import conformance, impls
 from harness.adapters.vllm import DOCUMENTED_AWAY, VLLM_VERSION, VLLMCapturer
@@ -257,15 +257,7 @@ _STAND_IN_CUDA = """
         def capture_begin(self, pool=None): log.append(f"begin {self.id} pool {pool[1]}")
         def capture_end(self): log.append(f"end {self.id}")
         def replay(self): log.append(f"replay {self.id}")
-    pools = itertools.count()
-    torch.cuda.Stream, torch.cuda.CUDAGraph = Stream, Graph
-    torch.cuda.current_stream = lambda device=None: Stream()
-    torch.cuda.device = torch.cuda.stream = lambda _: contextlib.nullcontext()
-    torch.cuda.synchronize = lambda device=None: log.append("sync")
-    torch.cuda.graph_pool_handle = lambda: (0, next(pools))
-    class CudaBackend:  # the adapter reads the name, the device and the error bridge
-        name, device = "cuda", None
-        def translate_errors(self, error): return error
+""" + STAND_IN_CUDA_PATCHES + """
     from harness.adapters.vllm import VLLMCapturer
     from harness.graphs import eager_on_graph
     from vllm.compilation.breakable_cudagraph import BreakableCUDAGraphCapture

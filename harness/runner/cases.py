@@ -123,11 +123,12 @@ class TwinSteps:
 
 
 def ambiguous_requests(batch: ForwardBatch, buckets: tuple[int, ...] = BUCKETS) -> bool:
-    """Whether a replay could not tell ``batch``'s per-request outputs from its per-token ones (outside the
-    contract): as many requests as the rows of the bucket it replays in, and fewer real tokens."""
+    """Whether a runner could not tell ``batch``'s per-request outputs from its per-token ones (outside the
+    contract): as many requests as the rows its outputs are cut from, and fewer real tokens. Those rows are the
+    bucket's where it replays, the batch's own where it runs eagerly (a fell-back graph runs most batches so)."""
     rows = batch.num_tokens + batch.num_padding
     bucket = select_bucket(rows, buckets) if rows <= max(buckets) else rows
-    return batch.num_requests == bucket and batch.num_tokens != bucket
+    return batch.num_requests in (bucket, rows) and batch.num_tokens != batch.num_requests
 
 
 STATE_MODULES = ("kv_cache", "recurrent_state")  # the zoo models' state across calls: a KV cache, a recurrent state

@@ -88,7 +88,7 @@ def test_padding_requests_any_composition(zoo_runner, check_run, device, name, l
     lengths = tuple(lengths if name != "index-checked" else lengths[:POOL_REQUESTS])
     batch, slots = _batch(model, name, lengths, len(lengths) + extra, None, seed=seed, device=device,
                           hidden_mode=hidden_mode, all_logits=all_logits)
-    if ambiguous_requests(batch):
+    while ambiguous_requests(batch):
         batch = batch.padded_requests_to(batch.num_requests + 1)
     try:
         check_run(runner, model, batch, mode=calling, model=name, seed=seed)

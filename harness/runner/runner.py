@@ -486,13 +486,26 @@ class LayerStackRunner:
 
     def replay(self, batch: ForwardBatch) -> Any:
         """Replay ``batch`` through its bucket's graph; raises rather than running eagerly. Captures every bucket
-        again first when the model's parameters or buffers moved (:meth:`state_moved`, on any rank)."""
+        again first when the model's parameters or buffers moved (:meth:`state_moved`, on any rank). A call into
+        the runner from inside (a hook or a break, during the replay or that capture) raises :class:`ReplayError`."""
         self._refuse_nested()
-        if not self.all_ranks_agree(not self.state_moved()):
-            # In the mode the runner was built in: a caller's inference mode would make the new static buffers
-            # inference tensors, which a later call outside it could not refresh.
-            with torch.inference_mode(self.built_in_inference_mode):
-                self.capture()
+        self._in_replay = True
+        try:
+            if not self.all_ranks_agree(not self.state_moved()):
+                # In the mode the runner was built in: a caller's inference mode would make the new static buffers
+                # inference tensors, which a later call outside it could not refresh.
+                with torch.inference_mode(self.built_in_inference_mode):
+                    self.capture()
+            bucket, output = self._replay_in(batch)
+        finally:
+            self._in_replay = False
+        self.stats.replays += 1
+        observations.count("runner.replays")
+        self.stats.replays_by_bucket[bucket] = self.stats.replays_by_bucket.get(bucket, 0) + 1
+        return self.hand_out(self.slice_output(output, bucket=bucket, num_tokens=batch.num_tokens))
+
+    def _replay_in(self, batch: ForwardBatch) -> tuple[int, Any]:
+        """The bucket ``batch`` replays in, and the model's output of that replay (padded rows included)."""
         bucket = self.bucket_for(self.group_rows(batch))
         static = self._captured.get(bucket)
         if static is None:
@@ -512,18 +525,11 @@ class LayerStackRunner:
             written.extend(static.store(args, kwargs))
             return output
 
-        self._in_replay = True
-        try:
-            with self.autograd_off(), self.publish(padded), self.collectives(), \
-                    self.patched_forward(replay_layer_forward):
-                output = self.model(padded.input_ids, padded.positions, padded)
-                self.return_writes(batch, padded, written)
-        finally:
-            self._in_replay = False
-        self.stats.replays += 1
-        observations.count("runner.replays")
-        self.stats.replays_by_bucket[bucket] = self.stats.replays_by_bucket.get(bucket, 0) + 1
-        return self.hand_out(self.slice_output(output, bucket=bucket, num_tokens=batch.num_tokens))
+        with self.autograd_off(), self.publish(padded), self.collectives(), \
+                self.patched_forward(replay_layer_forward):
+            output = self.model(padded.input_ids, padded.positions, padded)
+            self.return_writes(batch, padded, written)
+        return bucket, output
 
     def _refuse_nested(self) -> None:
         if self._in_replay:

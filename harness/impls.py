@@ -22,6 +22,7 @@ from harness.errors import ImplementationError, UsageError
 
 __all__ = [
     "Implementation",
+    "adapter_names",
     "components",
     "implementations",
     "mutants",
@@ -70,6 +71,11 @@ def _row(component: str) -> _components.Component:
         return _components.get_component(component)
     except UsageError as error:
         raise UsageError(f"{error} (in --impl)") from None
+
+
+def adapter_names(component: str) -> tuple[str, ...]:
+    """The engine adapters ``--impl COMPONENT=NAME`` accepts for ``component`` (such as ``sglang``)."""
+    return tuple(sorted(_row(component).adapters))
 
 
 def implementations(component: str) -> dict[str, Implementation]:

@@ -96,6 +96,37 @@ def test_the_runner_adapter_loads_sglangs_runner_and_refuses_the_cpu_in_one_line
 
 
 @needs_wheel
+def test_the_tensor_parallel_cases_skip_saying_why_where_their_cpu_ranks_cannot_run_the_adapter(extracted):
+    """One GPU: the tensor-parallel suite's ranks are gloo CPU processes on the emulated backend, which SGLang's
+    runner refuses, so the suite skips with that refusal instead of failing every case on every rank."""
+    result = _python("""
+        from harness.plugin.tensor_parallel import _refuses_the_emulated_backend
+        print("adapter:", _refuses_the_emulated_backend({"runner": "sglang"}))
+        print("reference:", repr(_refuses_the_emulated_backend({"runner": "reference", "graphs": "reference"})))
+    """, extracted)
+    out = result.stdout
+    assert "adapter: --impl runner=sglang runs SGLang's PrefillCudaGraphRunner" in out, out + result.stderr
+    assert "reference: ''" in out, out
+
+
+@needs_wheel
+def test_the_model_runner_stand_in_reads_a_multimodal_models_text_settings(extracted):
+    """A multimodal zoo model's config (LlavaConfig) keeps the hidden size and vocabulary in its text config."""
+    result = _python("""
+        from sglang_runner_standins import ModelRunner
+        from harness.models import build_model
+        for name in ("dense", "vlm"):
+            model = build_model(name)
+            text = getattr(model.config, "text_config", model.config)
+            settings = ModelRunner(model).model_config
+            print(name, settings.hidden_size == text.hidden_size, settings.vocab_size == text.vocab_size,
+                  settings.is_multimodal)
+    """, extracted)
+    assert result.stdout.split("\n")[:2] == ["dense True True False", "vlm True True True"], (
+        result.stdout + result.stderr)
+
+
+@needs_wheel
 def test_the_runner_adapter_without_its_stand_ins_names_the_extract_command(extracted, tmp_path):
     folder = tmp_path / "partial"
     shutil.copytree(extracted, folder)

@@ -47,6 +47,11 @@ def tensor_parallel_session(config: pytest.Config) -> TensorParallelSession:
     on_gpus = session.device.type == "cuda" and torch.cuda.device_count() >= world_size
     backend_name = session.backend.name
     if session.device.type == "cuda" and not on_gpus:
+        refusal = _refuses_the_emulated_backend(session.impl_specs)
+        if refusal:
+            pytest.skip(f"--tp {world_size} on cuda needs {world_size} GPUs (one per NCCL rank) and torch sees "
+                        f"{torch.cuda.device_count()}; the gloo CPU ranks that stand in for them run the emulated "
+                        f"graph backend, which the implementation under test refuses: {refusal}")
         # Rather than skip (a skipped suite would let every distributed mutant survive the kill
         # matrix of a one-GPU runner), run the ranks where they can run, and say so.
         import warnings
@@ -58,3 +63,21 @@ def tensor_parallel_session(config: pytest.Config) -> TensorParallelSession:
     pool = RankPool(world_size, backend="nccl" if on_gpus else "gloo")
     return TensorParallelSession(pool, world_size, session.impl_specs.get("runner", "reference"),
                                  session.impl_specs.get("graphs", "reference"), backend_name)
+
+
+def _refuses_the_emulated_backend(impl_specs: dict[str, str]) -> str:
+    """The one-line refusal of the first engine adapter among ``impl_specs`` (runner, graphs) that cannot run on
+    the emulated backend (it captures real CUDA graphs); empty where every one can. The harness's own
+    implementations and outside ones run on either backend."""
+    from harness import impls
+    from harness.errors import UsageError
+
+    for component in ("runner", "graphs"):
+        spec = impl_specs.get(component)
+        if spec is None or spec not in impls.adapter_names(component):
+            continue
+        try:
+            impls.load(component, spec, graph_backend="emulated")
+        except UsageError as error:
+            return str(error)
+    return ""

@@ -57,7 +57,8 @@ def _nothing(*args, **kwargs):
 
 class ModelRunner:
     def __init__(self, model):
-        config = model.config
+        # The text model's settings: a multimodal model's own config (LlavaConfig) keeps them in its text_config.
+        config = getattr(model, "language_model", model).config
         parameter = next(model.parameters())
         self.model = model
         self.device = "cuda"

@@ -111,19 +111,34 @@ def test_the_tensor_parallel_cases_skip_saying_why_where_their_cpu_ranks_cannot_
 
 @needs_wheel
 def test_the_model_runner_stand_in_reads_a_multimodal_models_text_settings(extracted):
-    """A multimodal zoo model's config (LlavaConfig) keeps the hidden size and vocabulary in its text config."""
+    """A multimodal model's config (the transformers Llava's LlavaConfig) keeps the hidden size and vocabulary in its
+    text config."""
     result = _python("""
         from sglang_runner_standins import ModelRunner
         from harness.models import build_model
-        for name in ("dense", "vlm"):
-            model = build_model(name)
+        from harness.models.transformers_zoo import build_architecture
+        for name, model in (("dense", build_model("dense")), ("vlm", build_model("vlm")),
+                            ("llava", build_architecture("llava"))):
             text = getattr(model.config, "text_config", model.config)
             settings = ModelRunner(model).model_config
             print(name, settings.hidden_size == text.hidden_size, settings.vocab_size == text.vocab_size,
                   settings.is_multimodal)
     """, extracted)
-    assert result.stdout.split("\n")[:2] == ["dense True True False", "vlm True True True"], (
+    assert result.stdout.split("\n")[:3] == ["dense True True False", "vlm True True True", "llava True True True"], (
         result.stdout + result.stderr)
+
+
+@needs_wheel
+def test_every_runner_the_adapter_builds_stands_for_a_server_launch_with_its_own_graph_pool(extracted):
+    """SGLang keeps one graph memory pool per launched server; a runner built after an earlier one was freed must not
+    capture into the freed graphs' pool (PyTorch's allocator asserts), so each build is a launch with a fresh pool."""
+    result = _python("""
+        from sglang.srt.runtime_context import configure_prefill_buckets, get_exec, get_resources
+        get_resources().graph_memory_pool = ("an earlier server's pool",)
+        configure_prefill_buckets((8, 4))
+        print(get_resources().graph_memory_pool, get_exec().graph.cuda_graph_config.prefill.bs)
+    """, extracted)
+    assert result.stdout.strip() == "None [8, 4]", result.stdout + result.stderr
 
 
 @needs_wheel

@@ -25,6 +25,8 @@ from sglang.srt.model_executor.runner.prefill_cuda_graph_runner import PrefillCu
 from sglang.srt.runtime_context import configure_prefill_buckets
 from sglang_standin import reached
 
+from harness.models.transformers_zoo import text_config_of
+
 __all__ = ["AttentionBackend", "ModelRunner", "PrefillCudaGraphRunner", "configure_prefill_buckets"]
 
 # A server's request pool: more request slots than any suite's batch has requests (padding requests included).
@@ -57,8 +59,8 @@ def _nothing(*args, **kwargs):
 
 class ModelRunner:
     def __init__(self, model):
-        # The text model's settings: a multimodal model's own config (LlavaConfig) keeps them in its text_config.
-        config = getattr(model, "language_model", model).config
+        # The text model's settings: a multimodal model's config (LlavaConfig) keeps them in its text config.
+        config = text_config_of(model)
         parameter = next(model.parameters())
         self.model = model
         self.device = "cuda"
@@ -67,7 +69,7 @@ class ModelRunner:
         self.attn_backend = AttentionBackend()
         # The harness's VLM-style wrapper (a text model at language_model) is what SGLang's multimodal models are.
         self.model_config = SimpleNamespace(
-            is_multimodal=hasattr(model, "language_model"), hidden_size=config.hidden_size,
+            is_multimodal=hasattr(model, "language_model") or config is not model.config, hidden_size=config.hidden_size,
             vocab_size=config.vocab_size, context_len=CONTEXT_LENGTH,
             hf_config=SimpleNamespace(model_type="harness-zoo"))
         self.lora_manager = None

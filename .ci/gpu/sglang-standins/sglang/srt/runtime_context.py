@@ -45,8 +45,14 @@ _STREAMS = {}
 
 
 def configure_prefill_buckets(buckets):
-    """The prefill token shapes SGLang captures (``--cuda-graph-bs-prefill``)."""
+    """A server launch for one runner: the prefill token shapes SGLang captures (``--cuda-graph-bs-prefill``), and
+    the launch's own resources (a graph memory pool of its own). A server builds its prefill runner once; the
+    harness builds one per test, and a runner built after an earlier one was freed would otherwise capture into
+    the pool of graphs that no longer exist, which PyTorch's caching allocator refuses (an internal assert
+    ``use_count > 0`` at capture_begin)."""
     _PREFILL.bs = list(buckets)
+    _RESOURCES.graph_memory_pool = None
+    _RESOURCES.graph_pool_borrow = None
 
 
 def get_exec():

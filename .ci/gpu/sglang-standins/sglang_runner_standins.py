@@ -69,8 +69,8 @@ class ModelRunner:
         self.attn_backend = AttentionBackend()
         # The harness's VLM-style wrapper (a text model at language_model) is what SGLang's multimodal models are.
         self.model_config = SimpleNamespace(
-            is_multimodal=hasattr(model, "language_model") or config is not model.config, hidden_size=config.hidden_size,
-            vocab_size=config.vocab_size, context_len=CONTEXT_LENGTH,
+            is_multimodal=hasattr(model, "language_model") or config is not model.config,
+            hidden_size=config.hidden_size, vocab_size=config.vocab_size, context_len=CONTEXT_LENGTH,
             hf_config=SimpleNamespace(model_type="harness-zoo"))
         self.lora_manager = None
         self.is_generation = True

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
+import operator
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, cast
 
@@ -148,9 +149,11 @@ def _own_copy(values: Any, batch: Any) -> Any:
     return tuple(own(value) for value in values)
 
 
-def _where(tensor: torch.Tensor) -> tuple[Any, ...]:
-    """The memory and geometry a captured graph read ``tensor`` at."""
-    return tensor.data_ptr(), tensor.shape, tensor.stride(), tensor.dtype, tensor.device
+# What a captured graph read a parameter or buffer at: its memory and geometry. Read by C-level maps over all the
+# model's tensors before every replay (a Python loop over them showed in the H200 benchmark's host time of the large
+# models). No device: under CUDA's unified virtual addressing no two devices' allocations share an address.
+_WHERE: tuple[Callable[[Any], Any], ...] = (torch.Tensor.data_ptr, torch.Tensor.size, torch.Tensor.stride,
+                                            operator.attrgetter("dtype"))
 
 
 def _copy_into(name: str, static: Any, live: Any, *, copy_batch: bool) -> None:
@@ -240,8 +243,10 @@ class LayerStackRunner:
         self.layer_model = self.discovery.module
         self._captured: dict[int, StaticInputs] = {}
         self._in_replay = False
-        self._state_at_capture: list[Any] = []
-        self._state_slots: list[tuple[dict[str, Any], str]] = []
+        self._state_at_capture: list[list[Any]] | None = []
+        # The model's parameter and buffer tables and each tensor's key in them, listed at capture.
+        self._state_tables: list[dict[str, Any]] = []
+        self._state_keys: list[str] = []
         self.capture()
 
     # -- seams -------------------------------------------------------------------------------
@@ -307,6 +312,8 @@ class LayerStackRunner:
         """After a replay: where the layer stack wrote the padded batch's own copy of one of ``batch``'s tensors
         (``written``: the live arguments :meth:`StaticInputs.store` wrote), copy its rows into ``batch``'s tensor,
         which an eager forward would have written."""
+        if not written:  # most stacks write no argument: nothing to look up at every replay
+            return
         storages = {tensor.untyped_storage().data_ptr() for tensor in written}
         pairs = [(batch.input_ids, padded.input_ids), (batch.positions, padded.positions),
                  *((batch.side_inputs[name], padded.side_inputs[name]) for name in batch.side_inputs)]
@@ -320,14 +327,20 @@ class LayerStackRunner:
         reads and writes the memory it was captured on."""
         return self._state_addresses() != self._state_at_capture
 
-    def _state_addresses(self) -> list[tuple[Any, ...] | None]:
+    def _state_addresses(self) -> list[list[Any]] | None:
         # Read through the modules' own tables, listed once per capture: walking named_parameters() on every
         # replay would cost the host path a recursive generator per call.
-        return [None if table.get(key) is None else _where(table[key]) for table, key in self._state_slots]
+        tensors = list(map(dict.get, self._state_tables, self._state_keys))
+        try:
+            return [list(map(read, tensors)) for read in _WHERE]
+        except (TypeError, AttributeError):  # a slot emptied or holding something else since capture: moved
+            return None
 
-    def _list_state_slots(self) -> list[tuple[dict[str, Any], str]]:
-        return [(table, key) for module in self.model.modules() for table in (module._parameters, module._buffers)
-                for key in table if table[key] is not None]
+    def _list_state_tables(self) -> None:
+        slots = [(table, key) for module in self.model.modules() for table in (module._parameters, module._buffers)
+                 for key in table if table[key] is not None]
+        self._state_tables = [table for table, _ in slots]
+        self._state_keys = [key for _, key in slots]
 
     def hand_out(self, output: Any) -> Any:
         # Copies: outputs may alias the graph's static buffers, which the next replay overwrites.
@@ -388,7 +401,7 @@ class LayerStackRunner:
                 static.graph = self.graphs.capture(step, pool=pool, warmup_runs=self.warmup_runs)
             self._captured[bucket] = static
             self.stats.captures += 1
-        self._state_slots = self._list_state_slots()
+        self._list_state_tables()
         self._state_at_capture = self._state_addresses()
 
     def _arguments_written(self, forward: Callable[..., Any], static: StaticInputs) -> frozenset[str]:

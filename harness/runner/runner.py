@@ -294,6 +294,8 @@ class LayerStackRunner:
 
     def all_ranks_agree(self, verdict: bool) -> bool:
         """Whether ``verdict`` holds on every rank of the process group (one all-reduce)."""
+        if self.process_group is None:  # one process: its verdict, without looking up the model's device per call
+            return verdict
         return distributed.agree([int(not verdict)], self.process_group, device=self._device())[0] == 0
 
     def collectives(self) -> contextlib.AbstractContextManager:

@@ -140,12 +140,17 @@ def test_the_engines_step_makes_each_engines_reports_from_its_folder_within_the_
     folders = {"SGLANG_MODULES": str(tmp_path / "sglang-modules"), "VLLM_MODULES": str(tmp_path / "vllm-modules"),
                "TRTLLM_MODULES": str(tmp_path / "no-such")}
     completed, calls = _run_engines(tmp_path, **folders, ENGINE_TIME_BUDGET="525")
-    # every report of both engines, each from its own folder; the limits scaled to fit 525 s with the
-    # reproductions (SGLang's 120 s, vLLM's 60 s) and 15 s a report: graphs 300 * 285 / 1050, gather 210 * ...
-    assert _conformance_calls(calls) == {"graphs=sglang": ("81", folders["SGLANG_MODULES"]),
-                                         "gather=sglang": ("57", folders["SGLANG_MODULES"]),
-                                         "runner=sglang": ("65", folders["SGLANG_MODULES"]),
-                                         "graphs=vllm": ("81", folders["VLLM_MODULES"])}, completed.stdout
+    # every report of both engines, each from its own folder. Each limit is set as the report starts: its share of
+    # what is left of 525 s after the reproductions' reserve (SGLang's 40 s, vLLM's 15 s) and 15 s a report still to
+    # run, in proportion to their limits: graphs 300 * 410 / 1050; what a report leaves unused (here all but its
+    # second or so) goes to the later ones: gather 210 * 425 / 750, runner 240 * 440 / 540, vLLM's graphs its own 300.
+    made = _conformance_calls(calls)
+    assert list(made) == ["graphs=sglang", "gather=sglang", "runner=sglang", "graphs=vllm"], completed.stdout
+    assert [path for _, path in made.values()] == [folders["SGLANG_MODULES"]] * 3 + [folders["VLLM_MODULES"]]
+    for report, expected in {"graphs=sglang": 117, "gather=sglang": 119, "runner=sglang": 195}.items():
+        # a second or two of the run's own time may come off the budget first
+        assert expected - 3 <= int(made[report][0]) <= expected, (report, made[report], completed.stdout)
+    assert made["graphs=vllm"][0] == "300", completed.stdout
     # each engine's reproductions of its components, from its own folder, after every report
     repros = [(arguments.split(), path.split(":")[0]) for path, arguments in calls if "-repros" in arguments]
     assert repros == [([".ci/gpu/sglang-repros", "graphs", "gather", "runner"], folders["SGLANG_MODULES"]),
@@ -219,3 +224,26 @@ def test_the_gpu_jobs_pin_the_torch_the_h200_baselines_were_recorded_on():
     for install in re.findall(r'"\$VENV/bin/pip" install [^\n]*', WORKFLOW.read_text()):
         assert "torch==$GPU_TORCH_VERSION" in install or "sglang==" in install, (
             f"gpu.yml: a venv without the pinned torch: {install}")
+
+
+def test_the_engines_step_gives_later_reports_what_earlier_ones_left_and_the_reproductions_what_is_left(tmp_path):
+    """Limits are set as each report starts, from what is left of the budget: a report that took its time leaves less
+    to the next (here 3 s of SGLang's graphs report), and the reproductions get the rest, at least their reserve."""
+    (tmp_path / "sglang-modules" / "sglang").mkdir(parents=True)
+    fake = FAKE_ENGINE_PYTHON.replace('exit 0', 'case "$*" in *graphs=sglang*) sleep 3 ;; esac\nexit 0')
+    (tmp_path / "python").write_text(fake)
+    log = tmp_path / "calls.log"
+    env = {**{k: v for k, v in os.environ.items() if k not in ("ENGINES", "COMPONENTS", "ENGINE_TIME_BUDGET")},
+           "PYTHON": str(tmp_path / "python"), "FAKE_LOG": str(log), "SGLANG_MODULES": str(tmp_path / "sglang-modules"),
+           "ENGINES": "sglang", "COMPONENTS": "graphs gather", "ENGINE_TIME_BUDGET": "100"}
+    (tmp_path / "python").chmod(0o755)
+    completed = subprocess.run([str(ENGINES_SCRIPT), str(tmp_path / "out")], capture_output=True, text=True, env=env,
+                               timeout=120)
+    made = _conformance_calls([tuple(line.split("|", 1)) for line in log.read_text().splitlines()])
+    # graphs: 300 * (100 - 40 - 2 * 15) / 510 is 17, below the floor of 30; gather: the 45 s left after graphs' 15 s,
+    # less the 3 s graphs took
+    assert made["graphs=sglang"][0] == "30", completed.stdout
+    assert 40 <= int(made["gather=sglang"][0]) <= 42, completed.stdout
+    # the reproductions: what is left of 100 s after about 3 s of reports (below their limit of 120 s)
+    repro_line = next(line for line in completed.stdout.splitlines() if line.startswith("--- minimal reproductions"))
+    assert 95 <= int(repro_line.split("limit ")[1].split()[0]) <= 97, repro_line

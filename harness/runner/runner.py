@@ -290,13 +290,18 @@ class LayerStackRunner:
     def group_rows(self, batch: ForwardBatch) -> int:
         """The rows every rank of the process group runs ``batch`` at: the largest of the ranks'
         :meth:`rows` (one all-reduce, made by every rank); this rank's rows without a group."""
-        return distributed.agree([self.rows(batch)], self.process_group, device=self._device())[0]
+        return self._group_max([self.rows(batch)])[0]
 
     def all_ranks_agree(self, verdict: bool) -> bool:
         """Whether ``verdict`` holds on every rank of the process group (one all-reduce)."""
-        if self.process_group is None:  # one process: its verdict, without looking up the model's device per call
-            return verdict
-        return distributed.agree([int(not verdict)], self.process_group, device=self._device())[0] == 0
+        return self._group_max([int(not verdict)])[0] == 0
+
+    def _group_max(self, values: list[int]) -> list[int]:
+        # The model's device (a parameters() walk) is looked up only where there is a group to all-reduce on:
+        # both callers run on every replayed batch.
+        if self.process_group is None:
+            return values
+        return distributed.agree(values, self.process_group, device=self._device())
 
     def collectives(self) -> contextlib.AbstractContextManager:
         """Held around every capture and replay: the communicator the model's collectives use
@@ -338,11 +343,11 @@ class LayerStackRunner:
         except (TypeError, AttributeError):  # a slot emptied or holding something else since capture: moved
             return None
 
-    def _list_state_tables(self) -> None:
+    def _state_slots(self) -> tuple[list[dict[str, Any]], list[str]]:
+        """Every parameter and buffer of the model as its module's table and its key there, two parallel lists."""
         slots = [(table, key) for module in self.model.modules() for table in (module._parameters, module._buffers)
                  for key in table if table[key] is not None]
-        self._state_tables = [table for table, _ in slots]
-        self._state_keys = [key for _, key in slots]
+        return [table for table, _ in slots], [key for _, key in slots]
 
     def hand_out(self, output: Any) -> Any:
         # Copies: outputs may alias the graph's static buffers, which the next replay overwrites.
@@ -403,7 +408,7 @@ class LayerStackRunner:
                 static.graph = self.graphs.capture(step, pool=pool, warmup_runs=self.warmup_runs)
             self._captured[bucket] = static
             self.stats.captures += 1
-        self._list_state_tables()
+        self._state_tables, self._state_keys = self._state_slots()
         self._state_at_capture = self._state_addresses()
 
     def _arguments_written(self, forward: Callable[..., Any], static: StaticInputs) -> frozenset[str]:

@@ -30,17 +30,25 @@ def _run(script: Path, *arguments: str) -> subprocess.CompletedProcess:
                           timeout=120)
 
 
-@pytest.mark.parametrize("engine", sorted(SCRIPTS))
-def test_a_reproduction_script_imports_only_torch_and_its_engine(engine):
-    tree = ast.parse(SCRIPTS[engine].read_text(), filename=str(SCRIPTS[engine]))
+# The scripts' shared part, beside them (.ci/gpu/repro_cases.py): the standard library and torch only.
+SHARED = ROOT / ".ci" / "gpu" / "repro_cases.py"
+
+
+def _top_level_imports(script: Path) -> set[str]:
     imported = set()
-    for node in ast.walk(tree):
+    for node in ast.walk(ast.parse(script.read_text(), filename=str(script))):
         if isinstance(node, ast.Import):
             imported.update(alias.name.split(".")[0] for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             imported.add(node.module.split(".")[0])
-    outside = imported - set(sys.stdlib_module_names) - {"torch", PACKAGES[engine]}
+    return imported - set(sys.stdlib_module_names)
+
+
+@pytest.mark.parametrize("engine", sorted(SCRIPTS))
+def test_a_reproduction_script_imports_only_torch_and_its_engine(engine):
+    outside = _top_level_imports(SCRIPTS[engine]) - {"torch", PACKAGES[engine], SHARED.stem}
     assert not outside, f"{SCRIPTS[engine].name} imports {sorted(outside)}: it must run with torch and {engine} alone"
+    assert _top_level_imports(SHARED) == {"torch"}, f"{SHARED.name} must import the standard library and torch only"
 
 
 @pytest.mark.parametrize("engine", sorted(SCRIPTS))

@@ -40,7 +40,8 @@ class _Group:
 _PARALLEL = SimpleNamespace(tp_group=_Group(), tp_rank=0, num_dp_ranks=1, pp_size=1, pp_rank=0, attn_tp_size=1,
                             attn_dp_enabled=False, attn_cp_size=1, cp_strategy=None, dcp_enabled=False,
                             dcp_comm_backend=None, dcp_group=None)
-_RESOURCES = SimpleNamespace(graph_memory_pool=None, graph_pool_borrow=None)  # Resources' defaults
+_RESOURCE_DEFAULTS = {"graph_memory_pool": None, "graph_pool_borrow": None}  # Resources' defaults
+_RESOURCES = SimpleNamespace(**_RESOURCE_DEFAULTS)
 _STREAMS = {}
 
 
@@ -51,8 +52,7 @@ def configure_prefill_buckets(buckets):
     the pool of graphs that no longer exist, which PyTorch's caching allocator refuses (an internal assert
     ``use_count > 0`` at capture_begin)."""
     _PREFILL.bs = list(buckets)
-    _RESOURCES.graph_memory_pool = None
-    _RESOURCES.graph_pool_borrow = None
+    vars(_RESOURCES).update(_RESOURCE_DEFAULTS)
 
 
 def get_exec():

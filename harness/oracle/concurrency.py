@@ -3,10 +3,12 @@
 A thread test asserts results, never timings, so it must not depend on the scheduler for the overlap it
 claims to test. :class:`Rendezvous` is a meeting point placed inside the calls (a break body, a hook, the
 captured function): every thread waits there until all have arrived, so each call is under way while the
-others are. :class:`Lockstep` interleaves calls that offer no such place (one opaque call): the threads take
-turns at every tensor op their own code calls. :func:`run_in_threads` starts the bodies together and hands
-back their results or the first error, with the thread named; a thread that fails breaks the rendezvous or the
-lockstep, so the others stop waiting at once."""
+others are. After the meeting the scheduler picks who goes first; where that order matters (a bug that shows
+in one order only), :class:`Signals` lets the test set it: named one-shot signals that one thread gives and
+another waits for. :class:`Lockstep` interleaves calls that offer no such place (one opaque call): the threads
+take turns at every tensor op their own code calls. :func:`run_in_threads` starts the bodies together and hands
+back their results or the first error, with the thread named; a thread that fails breaks the rendezvous, the
+signals or the lockstep, so the others stop waiting at once."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["Rendezvous", "Lockstep", "run_in_threads", "THREAD_TIMEOUT_S"]
+__all__ = ["Rendezvous", "Signals", "Lockstep", "run_in_threads", "THREAD_TIMEOUT_S"]
 
 #: How long a thread waits at a rendezvous, or for its peers to end, before the test fails: far above what an
 #: overlapping call takes, so only a hung or deadlocked implementation reaches it.
@@ -59,6 +61,43 @@ class Rendezvous:
     def abort(self) -> None:
         """Release every waiting party with :class:`threading.BrokenBarrierError` (a peer failed)."""
         self._barrier.abort()
+
+
+class Signals:
+    """One-shot signals between threads, each named by a key (a step and what happened, say): :meth:`give` sets
+    one, :meth:`wait` blocks until it is set. A test orders its threads' calls with them, the same way at every
+    run. :meth:`abort` (called by :func:`run_in_threads` when a thread fails) releases every waiter with
+    :class:`threading.BrokenBarrierError`; a signal not given within ``timeout`` seconds raises
+    :class:`TimeoutError` naming it."""
+
+    def __init__(self, *, timeout: float = THREAD_TIMEOUT_S) -> None:
+        self.timeout = timeout
+        self._events: dict[Any, threading.Event] = {}
+        self._lock = threading.Lock()
+        self._aborted = False
+
+    def _event(self, key: Any) -> threading.Event:
+        with self._lock:
+            event = self._events.setdefault(key, threading.Event())
+            if self._aborted:  # a wait begun after the abort ends at once too
+                event.set()
+            return event
+
+    def give(self, key: Any) -> None:
+        self._event(key).set()
+
+    def wait(self, key: Any) -> None:
+        if not self._event(key).wait(self.timeout):
+            raise TimeoutError(f"waited {self.timeout:.0f} s for {key!r}")
+        if self._aborted:
+            raise threading.BrokenBarrierError
+
+    def abort(self) -> None:
+        with self._lock:
+            self._aborted = True
+            events = list(self._events.values())
+        for event in events:
+            event.set()
 
 
 class Lockstep:
@@ -144,12 +183,12 @@ def _own_code(frame: Any) -> bool:
     return not filename.startswith(("<", _TORCH_DIR))
 
 
-def run_in_threads(bodies: Sequence[Callable[[], Any]], *, rendezvous: Rendezvous | Lockstep | None = None,
+def run_in_threads(bodies: Sequence[Callable[[], Any]], *, rendezvous: Rendezvous | Signals | Lockstep | None = None,
                    names: Sequence[str] | None = None, timeout: float = THREAD_TIMEOUT_S) -> list[Any]:
     """Run each of ``bodies`` in its own thread, all released together, and return their results in order.
 
-    An exception in a body aborts ``rendezvous`` (a :class:`Rendezvous` or a :class:`Lockstep`: its peers stop
-    waiting) and is raised here once every thread has ended, naming the thread; the root cause wins over the
+    An exception in a body aborts ``rendezvous`` (a :class:`Rendezvous`, :class:`Signals` or :class:`Lockstep`: its
+    peers stop waiting) and is raised here once every thread has ended, naming the thread; the root cause wins over the
     peers' :class:`threading.BrokenBarrierError`. A thread still running after ``timeout`` seconds is reported
     as hung (it is a daemon: it cannot keep the test process alive)."""
     names = list(names) if names is not None else [f"thread {index}" for index in range(len(bodies))]

@@ -21,7 +21,7 @@ import torch
 
 from harness.models import build_model
 from harness.oracle import Checker
-from harness.oracle.concurrency import THREAD_TIMEOUT_S, run_in_threads
+from harness.oracle.concurrency import Signals, run_in_threads
 from harness.runner.cases import SEED, make_batch
 
 pytestmark = pytest.mark.clause("concurrent-runners")
@@ -33,31 +33,6 @@ _BUCKETS = (4, 8)
 _LENGTHS = (((3, 2), (1,), (2, 2, 2)), ((4,), (1, 3, 2, 1), (2, 1)))
 
 
-class _LeaderFirst:
-    """The order of one step's two runner calls (the module docstring). Every wait ends with
-    :class:`threading.BrokenBarrierError` once a thread failed (:meth:`abort`, called by ``run_in_threads``), or with
-    a :class:`TimeoutError` naming what did not come."""
-
-    def __init__(self, steps: int) -> None:
-        self._events = {(step, what): threading.Event() for step in range(steps)
-                        for what in ("leader at its stack", "follower at its stack", "leader's stack returned")}
-        self._aborted = False
-
-    def abort(self) -> None:
-        self._aborted = True
-        for event in self._events.values():
-            event.set()
-
-    def signal(self, step: int, what: str) -> None:
-        self._events[step, what].set()
-
-    def wait(self, step: int, what: str) -> None:
-        if not self._events[step, what].wait(THREAD_TIMEOUT_S):
-            raise TimeoutError(f"step {step}: waited {THREAD_TIMEOUT_S:.0f} s for the {what}")
-        if self._aborted:
-            raise threading.BrokenBarrierError
-
-
 def test_two_runners_run_from_two_threads_at_once(build_runner, check_run, failure_context, device):
     """Runners over two models (weights of their own, so a call served by the other runner's graph shows), built
     one after the other, replay from two threads at once, each thread leading at every other step: each call equals
@@ -65,7 +40,7 @@ def test_two_runners_run_from_two_threads_at_once(build_runner, check_run, failu
     models = [build_model("dense", seed=SEED + index, dtype=torch.float32, device=device)
               for index in range(len(_THREADS))]
     runners = [build_runner(model, buckets=_BUCKETS) for model in models]
-    order = _LeaderFirst(len(_LENGTHS[0]))
+    order = Signals()  # keys: (step, what happened)
     here = threading.local()  # this thread's index and step, while its runner call is under way
 
     def leads(index: int, step: int) -> bool:
@@ -76,15 +51,15 @@ def test_two_runners_run_from_two_threads_at_once(build_runner, check_run, failu
             return  # an eager twin's forward, or the stack again in the same call
         here.arrived = True
         if leads(here.index, here.step):
-            order.signal(here.step, "leader at its stack")
-            order.wait(here.step, "follower at its stack")
+            order.give((here.step, "leader at its stack"))
+            order.wait((here.step, "follower at its stack"))
         else:
-            order.signal(here.step, "follower at its stack")
-            order.wait(here.step, "leader's stack returned")
+            order.give((here.step, "follower at its stack"))
+            order.wait((here.step, "leader's stack returned"))
 
     def leave(module, args, output):
         if getattr(here, "step", None) is not None and leads(here.index, here.step):
-            order.signal(here.step, "leader's stack returned")
+            order.give((here.step, "leader's stack returned"))
 
     for runner in runners:
         runner.discovery.module.register_forward_pre_hook(arrive)
@@ -100,7 +75,7 @@ def test_two_runners_run_from_two_threads_at_once(build_runner, check_run, failu
                 def run(batch, step=step):  # the runner call, in this step's order
                     leader = leads(index, step)
                     if not leader:
-                        order.wait(step, "leader at its stack")
+                        order.wait((step, "leader at its stack"))
                     here.index, here.step, here.arrived = index, step, False
                     try:
                         return runners[index].run(batch)
@@ -109,7 +84,7 @@ def test_two_runners_run_from_two_threads_at_once(build_runner, check_run, failu
                         # a call that ended without reaching its stack (or failed) holds no one up
                         for what in (("leader at its stack", "leader's stack returned") if leader
                                      else ("follower at its stack",)):
-                            order.signal(step, what)
+                            order.give((step, what))
 
                 check_run(runners[index], models[index], batch, via=run, buckets=_BUCKETS, checker=checkers[index],
                           model="dense", thread=_THREADS[index], step=step)

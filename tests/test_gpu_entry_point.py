@@ -167,8 +167,8 @@ def test_the_engines_step_makes_each_engines_reports_from_its_folder_within_the_
 
 def test_the_five_reports_of_the_h200_step_each_get_room_beyond_what_they_are_expected_to_take(tmp_path):
     """The engines step of .ci/gpu/run (525 s for five reports): the first reports are not held to a proportional
-    share of the nominal limits (gather had 67 s for the 57 s it took on the H200); each gets what the later reports'
-    expected times leave."""
+    share of the nominal limits (which left gather little above what it takes: CHANGELOG); each gets what the later
+    reports' expected times leave."""
     folders = {}
     for engine, package in (("sglang", "sglang"), ("vllm", "vllm"), ("trtllm", "tensorrt_llm")):
         (tmp_path / f"{engine}-modules" / package).mkdir(parents=True)

@@ -397,3 +397,19 @@ def test_a_bare_exception_from_an_engines_module_says_where_it_was_raised(pytest
              if entry.get("when") == "call"}
     assert calls["test_bare"]["message"] == "AssertionError (raised at engine_mod.py:2)"
     assert calls["test_said"]["message"] == "ValueError: the buffer moved"
+
+
+def test_a_suite_that_did_not_run_names_the_error_above_the_tail(monkeypatch):
+    """An xdist worker's usage error is printed far above pytest's last lines ("no tests ran"): the one-line
+    error carries it."""
+    output = "\n".join(["bringing up nodes...", "[gw0] node down: Traceback (most recent call last):",
+                        "pytest.UsageError: usage: -c [options] [file_or_dir] [file_or_dir] [...]",
+                        "-c: error: unrecognized arguments: --impl graphs=reference", *["  frame"] * 40,
+                        "replacing crashed worker gw0", "no tests ran in 32.05s"])
+    monkeypatch.setattr(child_runs, "run", lambda command, **options: child_runs.ChildRun(5, output, 0.0))
+    with pytest.raises(conformance.HarnessError) as raised:
+        conformance.run_conformance(component="graphs", spec="reference", device="cpu", graph_backend="emulated",
+                                    root=ROOT)
+    message = str(raised.value)
+    assert "pytest exit 5" in message and "unrecognized arguments: --impl graphs=reference" in message, message
+    assert message.endswith("no tests ran in 32.05s") and "\n" not in message, message

@@ -106,7 +106,7 @@ def test_a_golden_missing_from_the_engine_folder_fails_naming_it_and_never_reads
     assert f"no golden engine-goldens/{GOLDEN} in engine-goldens/" in output, output[-3000:]
     engine = (project.path / "engine-goldens").resolve()
     update = next(line for line in output.splitlines() if line.rstrip().endswith(" --snapshot-update"))
-    assert f"--golden-dir {engine} " in update, update
+    assert f"--golden-dir={engine} " in update, update
     assert (project.path / "golden" / GOLDEN).read_bytes() == packaged
     assert not (project.path / "engine-goldens").exists()  # a run without --snapshot-update writes nothing
 
@@ -121,7 +121,7 @@ def test_a_failed_golden_hint_names_the_engine_folder(project, change_the_suite)
     assert f"does not match engine-goldens/{GOLDEN}" in output, output[-3000:]
     assert "git diff golden/" not in output
     # the reproduce line carries the folder, absolute: the ini that may have named it is not read elsewhere
-    assert f"--golden-dir {(project.path / 'engine-goldens').resolve()}" in output
+    assert f"--golden-dir={(project.path / 'engine-goldens').resolve()}" in output
 
 
 def test_an_orphan_in_the_engine_folder_fails_the_run_naming_it(project):

@@ -162,9 +162,9 @@ def run_conformance(*, component: str, spec: str, device: str = "auto", graph_ba
         record_path, report_log = Path(scratch) / "collected.jsonl", Path(scratch) / "reports.jsonl"
         command = child_runs.pytest_command(
             [root / row.suite], root=root, plugin="harness.conformance.plugin", report_log=report_log,
-            arguments=["--impl", f"{component}={spec}", "--device", resolved.type, "--graph-backend", backend,
-                       "--hypothesis-profile", hypothesis_profile, *(extra_args or []),
-                       *(["-n", str(jobs)] if jobs > 1 else [])])
+            arguments=[f"--impl={component}={spec}", f"--device={resolved.type}", f"--graph-backend={backend}",
+                       f"--hypothesis-profile={hypothesis_profile}", *(extra_args or []),
+                       *([f"--numprocesses={jobs}"] if jobs > 1 else [])])
         environment = dict(child_runs.child_environment(), HARNESS_CONFORMANCE_RECORD=str(record_path))
         finished = child_runs.run(command, cwd=root, environment=environment, time_limit=time_limit)
         returncode, output = finished.returncode, finished.output
@@ -175,8 +175,11 @@ def run_conformance(*, component: str, spec: str, device: str = "auto", graph_ba
             record["reproduce"] = _portable(record["reproduce"], root)
     stopped = returncode is None
     if (not stopped and returncode not in (0, 1)) or not any("nodeid" in r for r in records):
-        tail = [line for line in output.strip().splitlines() if line.strip()][-3:]
-        raise HarnessError(f"the suite did not run (pytest exit {returncode}): " + " | ".join(tail or ["(no output)"]))
+        lines = [line for line in output.strip().splitlines() if line.strip()]
+        # the cause is often far above the tail (an xdist worker's usage error, then "no tests ran")
+        cause = next((line for line in lines if re.search(r"\berror: ", line, re.IGNORECASE)), None)
+        shown = ([cause] if cause and cause not in lines[-3:] else []) + lines[-3:]
+        raise HarnessError(f"the suite did not run (pytest exit {returncode}): " + " | ".join(shown or ["(no output)"]))
     # the suite by its package name, as a wheel and a checkout's editable install both have it
     display = " ".join(["pytest", "--pyargs", "harness." + row.suite.replace("/", "."),
                         "--impl", f"{component}={spec}", "--device", resolved.type, "--graph-backend", backend,

@@ -46,11 +46,17 @@ def child_environment() -> dict[str, str]:
 def pytest_command(paths: Iterable[str | Path], *, root: Path, plugin: str, report_log: Path,
                    arguments: Iterable[str] = ()) -> list[str]:
     """``python -m pytest PATHS`` with ``plugin`` loaded and its reports logged to ``report_log``; node ids
-    relative to ``root`` (``--rootdir``: in an installed wheel too, which has no ini file)."""
-    return [sys.executable, "-m", "pytest", *(str(path) for path in paths), "--rootdir", str(root), "-q", "-rfE",
+    relative to ``root`` (``--rootdir``: in an installed wheel too, which has no ini file).
+
+    Every option value is joined to its option (``--report-log=PATH``): pytest finds the ini file before it
+    loads plugins, so the value of a plugin's option written as a separate word counts as a test path there,
+    and an existing file outside ``root`` (the report log, once the controller has made it, when an xdist
+    worker starts) moves the search to a folder above the project's ini, which is then not read. ``arguments``
+    should be written the same way."""
+    return [sys.executable, "-m", "pytest", *(str(path) for path in paths), f"--rootdir={root}", "-q", "-rfE",
             "-p", "no:cacheprovider", "-p", plugin,
             # by its entry point's name: loaded once where plugins autoload, and where they do not
-            "-p", "pytest_reportlog", "--report-log", str(report_log), *arguments]
+            "-p", "pytest_reportlog", f"--report-log={report_log}", *arguments]
 
 
 def lower_priority(pid: int, niceness: int) -> None:

@@ -55,7 +55,7 @@ def reproduce_command(config: pytest.Config, nodeid: str, *, replay: tuple[str, 
     if config.getoption("--tp", 2) != 2:
         parts += ["--tp", str(config.getoption("--tp"))]
     if session.golden_dir is not None:  # the ini that may have named it is not read from another folder
-        parts += ["--golden-dir", str(session.golden_dir)]
+        parts += [f"--golden-dir={session.golden_dir}"]  # joined: see child_runs.pytest_command
     parts += ["--hypothesis-profile", current_hypothesis_profile()]
     if experts_implementation() != EXPERTS_IMPLEMENTATIONS[0]:
         parts += ["--experts-implementation", experts_implementation()]

@@ -279,10 +279,10 @@ def _run_together(impl_list: list[impls.Implementation], *, first: str, fork_ser
             (root / suite for suite in suites.values()), root=root, plugin="harness.selfcheck.plugin",
             report_log=report_log,
             arguments=[*(["-x"] if is_mutant else []),
-                       *(argument for impl in impl_list for argument in ("--impl", f"{impl.component}={impl.name}")),
-                       "--graph-backend", graph_backend, "--device", device,
-                       *(["--timeout", f"{test_timeout:g}"] if test_timeout else []), *(extra_args or []),
-                       *(["-n", str(workers)] if workers > 1 else [])])
+                       *(f"--impl={impl.component}={impl.name}" for impl in impl_list),
+                       f"--graph-backend={graph_backend}", f"--device={device}",
+                       *([f"--timeout={test_timeout:g}"] if test_timeout else []), *(extra_args or []),
+                       *([f"--numprocesses={workers}"] if workers > 1 else [])])
         returncode, output, seconds, launch, started_at = _launch(
             command, environment, cwd=root, time_limit=process_timeout, scratch=Path(scratch),
             fork_server=fork_server, niceness=niceness, report_log=report_log)

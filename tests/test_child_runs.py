@@ -8,7 +8,6 @@ refused ``--impl``, which only the ini's ``-p harness.plugin`` declares in an un
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -37,7 +36,7 @@ def test_a_child_reads_the_project_ini_with_its_report_log_elsewhere(tmp_path: P
     command = child_runs.pytest_command([project / "test_ini.py"], root=project, plugin="harness.selfcheck.plugin",
                                         report_log=log,
                                         arguments=[f"--numprocesses={workers}"] if workers else [])
-    finished = child_runs.run(command, cwd=project, environment=dict(os.environ), time_limit=120)
+    finished = child_runs.run(command, cwd=project, environment=child_runs.child_environment(), time_limit=120)
     assert finished.returncode == 0, finished.output
     outcomes = [entry["outcome"] for entry in child_runs.phase_reports(child_runs.read_report_log(log))
                 if entry["when"] == "call"]

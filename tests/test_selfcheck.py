@@ -20,7 +20,8 @@ def _child_run(folder: Path, **variables: str) -> tuple[child_runs.ChildRun, lis
     log = folder / "reports.jsonl"
     command = child_runs.pytest_command([folder], root=folder, plugin="harness.selfcheck.plugin", report_log=log,
                                         arguments=["-x", "-c", os.devnull])
-    finished = child_runs.run(command, cwd=folder, environment=dict(os.environ, **variables), time_limit=120)
+    environment = dict(child_runs.child_environment(), **variables)
+    finished = child_runs.run(command, cwd=folder, environment=environment, time_limit=120)
     return finished, child_runs.read_report_log(log)
 
 

@@ -115,8 +115,10 @@ def _through_conformance(device: str, backend: str, capsys: pytest.CaptureFixtur
         loaded.append(graph_backend)
 
     def run_child(command: list[str], *args: object, **kwargs: object):
-        # the child pytest's command line carries what conformance resolved; it must match what it loaded
-        answer = command[command.index("--device") + 1], command[command.index("--graph-backend") + 1]
+        # the child pytest's command line carries what conformance resolved (each value joined to its option,
+        # child_runs.pytest_command); it must match what it loaded
+        values = dict(word.split("=", 1) for word in command if word.startswith("--") and "=" in word)
+        answer = values["--device"], values["--graph-backend"]
         assert loaded == [answer[1]]
         raise _Resolved(*answer)
 

@@ -3,7 +3,8 @@
 pytest looks for the ini file before it loads plugins, so a plugin option's value written as a separate word
 (``--report-log PATH``) counts as a test path there: an existing report log outside the project (an xdist
 worker starts after the controller has made it; a log left from an earlier run) moved the search above the
-project, whose ini was then not read (on the H200 the reference's conformance run found no tests: the workers
+project, and with ``--rootdir`` given (as child commands give it) pytest does not search again from the test
+paths, so the project's ini was not read (on the H200 the reference's conformance run found no tests: the workers
 refused ``--impl``, which only the ini's ``-p harness.plugin`` declares in an uninstalled checkout)."""
 
 from __future__ import annotations

@@ -51,8 +51,8 @@ def pytest_command(paths: Iterable[str | Path], *, root: Path, plugin: str, repo
     Every option value is joined to its option (``--report-log=PATH``): pytest finds the ini file before it
     loads plugins, so the value of a plugin's option written as a separate word counts as a test path there,
     and an existing file outside ``root`` (the report log, once the controller has made it, when an xdist
-    worker starts) moves the search to a folder above the project's ini, which is then not read. ``arguments``
-    should be written the same way."""
+    worker starts) moves the search to a folder above the project's ini; with ``--rootdir`` given, pytest does
+    not search again from the test paths, so the ini is not read. ``arguments`` should be written the same way."""
     return [sys.executable, "-m", "pytest", *(str(path) for path in paths), f"--rootdir={root}", "-q", "-rfE",
             "-p", "no:cacheprovider", "-p", plugin,
             # by its entry point's name: loaded once where plugins autoload, and where they do not

@@ -78,3 +78,14 @@ def test_the_selfcheck_and_conformance_children_join_every_option_value(monkeypa
     assert len(built) == 2
     for command in built:
         assert {option for option, _ in _separate_values(command)} == {"-p"}, command
+
+
+def test_why_a_child_did_not_run_names_its_first_error_line_and_its_last_lines():
+    """What the kill matrix's "error" verdict and the conformance command's one-line error quote."""
+    output = "\n".join(["bringing up nodes...", "-c: error: unrecognized arguments: --impl graphs=reference",
+                        *["  frame"] * 20, "", "no tests ran in 3.00s", ""])
+    assert child_runs.why_it_did_not_run(output, last=1) == [
+        "-c: error: unrecognized arguments: --impl graphs=reference", "no tests ran in 3.00s"]
+    assert child_runs.why_it_did_not_run("a\nERROR: file or directory not found: x\n", last=3) == [
+        "a", "ERROR: file or directory not found: x"]  # the error line among the last ones: once
+    assert child_runs.why_it_did_not_run("  \n", last=3) == ["(no output)"]

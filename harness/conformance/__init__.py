@@ -175,11 +175,8 @@ def run_conformance(*, component: str, spec: str, device: str = "auto", graph_ba
             record["reproduce"] = _portable(record["reproduce"], root)
     stopped = returncode is None
     if (not stopped and returncode not in (0, 1)) or not any("nodeid" in r for r in records):
-        lines = [line for line in output.strip().splitlines() if line.strip()]
-        # the cause is often far above the tail (an xdist worker's usage error, then "no tests ran")
-        cause = next((line for line in lines if re.search(r"\berror: ", line, re.IGNORECASE)), None)
-        shown = ([cause] if cause and cause not in lines[-3:] else []) + lines[-3:]
-        raise HarnessError(f"the suite did not run (pytest exit {returncode}): " + " | ".join(shown or ["(no output)"]))
+        raise HarnessError(f"the suite did not run (pytest exit {returncode}): "
+                           + " | ".join(child_runs.why_it_did_not_run(output, last=3)))
     # the suite by its package name, as a wheel and a checkout's editable install both have it
     display = " ".join(["pytest", "--pyargs", "harness." + row.suite.replace("/", "."),
                         "--impl", f"{component}={spec}", "--device", resolved.type, "--graph-backend", backend,

@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["ChildRun", "absolute_pythonpath", "child_environment", "pytest_command", "run", "stop",
-           "lower_priority", "read_report_log", "phase_reports", "failed_nodeids"]
+           "lower_priority", "read_report_log", "phase_reports", "failed_nodeids", "why_it_did_not_run"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +58,15 @@ def pytest_command(paths: Iterable[str | Path], *, root: Path, plugin: str, repo
             "-p", "no:cacheprovider", "-p", plugin,
             # by its entry point's name: loaded once where plugins autoload, and where they do not
             "-p", "pytest_reportlog", f"--report-log={report_log}", *arguments]
+
+
+def why_it_did_not_run(output: str, *, last: int) -> list[str]:
+    """The lines of a child's ``output`` that say why it ran no test: its first error line, which is often far above
+    the end (an xdist worker's usage error, then "no tests ran"), and its ``last`` non-blank lines."""
+    lines = [line for line in output.strip().splitlines() if line.strip()]
+    tail = lines[-last:]
+    cause = next((line for line in lines if re.search(r"\berror: ", line, re.IGNORECASE)), None)
+    return ([cause] if cause and cause not in tail else []) + tail or ["(no output)"]
 
 
 def lower_priority(pid: int, niceness: int) -> None:

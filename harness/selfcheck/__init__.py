@@ -311,8 +311,8 @@ def _run_together(impl_list: list[impls.Implementation], *, first: str, fork_ser
             verdict = "killed" if impl.kind != "reference" else "failed"
         else:  # usage error, internal error, interrupted, no tests collected: the check itself is broken
             verdict = "error"
-            tail = [line for line in output.strip().splitlines() if line.strip()][-1:] or ["(no output)"]
-            failures = failures or [f"pytest exit {returncode}: {tail[0][:160]}"]
+            shown = child_runs.why_it_did_not_run(output, last=1)
+            failures = failures or [f"pytest exit {returncode}: " + " | ".join(line[:160] for line in shown)]
         display = " ".join(["pytest", suite, "--impl", f"{impl.component}={impl.name}",
                             "--graph-backend", graph_backend, "--device", device, "-x"])
         outcomes.append(Outcome(impl.component, impl.name, impl.kind, verdict, failures[0] if failures else "",

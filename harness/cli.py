@@ -154,7 +154,14 @@ def _report(arguments: argparse.Namespace) -> int:
         except ValueError as error:
             raise HarnessError(f"cannot read {path}: {error}") from None
 
-    write_step_summary(format_markdown(read(arguments.run_report), read(arguments.selfcheck)))
+    pins = None
+    if arguments.constraints:
+        from harness.upstream import read_pins
+
+        if not Path(arguments.constraints).is_file():
+            raise HarnessError(f"--constraints {arguments.constraints}: no such file")
+        pins = read_pins(arguments.constraints)
+    write_step_summary(format_markdown(read(arguments.run_report), read(arguments.selfcheck), pins=pins))
     for junit in arguments.annotate or []:
         for line in annotations(junit):
             print(line)
@@ -243,6 +250,9 @@ def build_parser(prog: str = "python -m harness") -> argparse.ArgumentParser:
     summary = commands.add_parser("report", help="a run report and/or kill matrix as Markdown ($GITHUB_STEP_SUMMARY)")
     summary.add_argument("--run-report", metavar="PATH", help="JSON written by pytest --harness-report")
     summary.add_argument("--selfcheck", metavar="PATH", help="JSON written by selfcheck --json")
+    summary.add_argument("--constraints", metavar="PATH",
+                         help="set the run report's upstream versions beside this constraints file's pins (the "
+                              "drift job: what moved since the goldens were recorded)")
     summary.add_argument("--annotate", metavar="JUNIT_XML", action="append",
                          help="print a GitHub error annotation for each failed test in this JUnit XML (repeatable)")
     conform = commands.add_parser(

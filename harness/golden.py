@@ -1,13 +1,15 @@
 """Golden snapshots (syrupy) as readable JSON, tensors compared within their dtype's tolerance.
 
-Safe to use: :class:`GoldenExtension` (the ``snapshot`` fixture's extension), :func:`versioned_golden`,
-:func:`golden_root`, :func:`drift_events` and :func:`find_orphans`. The README's Goldens section states the
+Safe to use: :class:`GoldenExtension` (the ``snapshot`` fixture's extension), :func:`assert_upstream_golden`,
+:func:`report_upstream_drift`, :func:`golden_root`, :func:`drift_events` and :func:`find_orphans`. The README's
+Goldens section states the
 matching and update rules, and where an engine keeps goldens of its own (``--golden-dir``)."""
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import glob
 import hashlib
 import json
 import math
@@ -35,7 +37,8 @@ __all__ = [
     "drift_events",
     "find_orphans",
     "golden_root",
-    "versioned_golden",
+    "assert_upstream_golden",
+    "report_upstream_drift",
 ]
 
 _TENSOR_KEY = "__tensor__"
@@ -50,14 +53,18 @@ class DriftEvent:
     where: str  # the tensor's path inside it
     device_class: str
     # "bits changed within tolerance", "no digest for this device class", "changed beyond tolerance"
-    # (the test fails) or "rewritten by --snapshot-update"
+    # (the test fails), "rewritten by --snapshot-update", or "upstream drift: ..." (report_upstream_drift)
     kind: str
+    differences: tuple[str, ...] = ()  # upstream drift: what differs from the nearest record (- record, + now)
+    record: str = ""  # upstream drift: how to record the installed version's own
 
 
 @dataclasses.dataclass
 class _Session:
     device_class: str = "cpu"
     update: bool = False
+    # node id -> the command that reruns it (the plugin's reproduce line), for the record commands of upstream drift
+    rerun: Callable[[str], str] = lambda nodeid: f"pytest {nodeid}"
     golden_dir: Path | None = None  # an engine's own golden folder (--golden-dir), else None: golden/ beside suites/
     events: list[DriftEvent] = dataclasses.field(default_factory=list)
 
@@ -74,10 +81,13 @@ def device_class(device: torch.device | str) -> str:
     return f"cuda-sm{major}{minor}"
 
 
-def configure_goldens(*, device_class: str, update: bool, golden_dir: Path | None = None) -> None:
-    """Called once per pytest process: the class whose digests this run checks, update mode, and the folder of
-    an engine's own goldens (``--golden-dir``: absolute; None for the ``golden/`` folder beside ``suites/``)."""
+def configure_goldens(*, device_class: str, update: bool, golden_dir: Path | None = None,
+                      rerun: Callable[[str], str] | None = None) -> None:
+    """Called once per pytest process: the class whose digests this run checks, update mode, the folder of
+    an engine's own goldens (``--golden-dir``: absolute; None for the ``golden/`` folder beside ``suites/``),
+    and ``rerun(nodeid)``, the command that reruns a test as this session ran it."""
     _SESSION.device_class, _SESSION.update, _SESSION.golden_dir = device_class, update, golden_dir
+    _SESSION.rerun = rerun or _Session.rerun
     _SESSION.events.clear()
 
 
@@ -408,37 +418,61 @@ def _snapshot_names_used(test_names: Iterable[str]) -> Callable[[str], bool]:
     return lambda stem: stem in names or any(stem.startswith((name + ".", name + "[")) for name in names)
 
 
-def versioned_golden(snapshot: Any, *, prefix: str, version: tuple[int, ...]) -> str:
-    """The snapshot name to compare a version-dependent result with (``prefix-MAJOR.MINOR``).
+def _nodeid(test_location: Any) -> str:
+    """A syrupy test location's node id anchored at its file's absolute path (runnable from any folder)."""
+    return f"{test_location.filepath}::{test_location.nodeid.split('::', 1)[1]}"
 
-    A version with its own golden file, or a run with ``--snapshot-update`` (which records it), uses its
-    own name. A version without one (a torch minor nobody recorded yet) is compared with the nearest
-    recorded version below it, else the lowest above it, and the run report says so (a
-    :class:`DriftEvent`), rather than failing with a missing snapshot.
+
+def report_upstream_drift(*, record: str, where: str, nodeid: str, package: str, installed: tuple[int, ...],
+                          compared_with: tuple[int, ...], differences: Iterable[str], how: str = "") -> None:
+    """Report that ``package``'s installed version has no record of its own in ``record`` (a file): the
+    test compared with ``compared_with``'s and passes; ``differences`` (- record, + now) and the command that
+    records the installed version's own (``nodeid`` rerun with ``--snapshot-update``, then ``how``, where
+    more than the update is needed) go to the run report as upstream drift."""
+    from harness.upstream import version_label
+
+    differences = tuple(differences)
+    verdict = f"{len(differences)} difference(s)" if differences else "no difference"
+    command = f"{_SESSION.rerun(nodeid)} --snapshot-update" + (f"; then {how}" if how else "")
+    _SESSION.events.append(DriftEvent(
+        record, where, _SESSION.device_class,
+        f"upstream drift: {package} {version_label(installed)} has no record of its own; against "
+        f"{version_label(compared_with)}'s, {verdict}", differences, command))
+
+
+def assert_upstream_golden(snapshot: Any, actual: Any, *, package: str, prefix: str = "", precision: int = 3,
+                           version: tuple[int, ...] | None = None) -> None:
+    """Compare ``actual``, a result that depends on ``package``'s code, with its golden for the installed
+    version of ``package`` (the snapshot ``{prefix}{package}-{X.Y.Z}``, cut to ``precision`` numbers).
+
+    The installed version's own golden is compared as any golden is, and so is a run with
+    ``--snapshot-update`` (which records it). A version without one is compared with the nearest recorded
+    version (:func:`harness.upstream.nearest_version`): the test passes, and what differs is reported as
+    upstream drift, with the command that records it. With nothing recorded, syrupy reports the missing golden.
     """
-    def label(parts: tuple[int, ...]) -> str:
-        return f"{prefix}-{'.'.join(map(str, parts))}"
+    from harness.upstream import installed_version, nearest_version, parse_version, version_label
 
-    own = label(version)
+    __tracebackhide__ = True  # a failure shows the test's line and syrupy's diff, not this function
+    version = tuple(version if version is not None else installed_version(package) or ())[:precision]
+    label = f"{prefix}{package}-"
+    own = label + version_label(version)
     location = Path(snapshot.extension.get_location(test_location=snapshot.test_location, index=own))
-    if _SESSION.update or location.is_file():
-        return own
     marker = f"[{own}]"
     head, tail = location.name.split(marker) if marker in location.name else (location.stem, "")
-    recorded = []
-    for path in location.parent.glob(f"{head}[[]{prefix}-*]{tail}"):
-        text = path.name[len(head) + len(prefix) + 2:len(path.name) - len(tail) - 1]
-        if all(part.isdigit() for part in text.split(".")):
-            recorded.append(tuple(int(part) for part in text.split(".")))
-    if not recorded:
-        return own  # nothing to derive from: syrupy reports the missing golden
-    below = [parts for parts in recorded if parts < tuple(version)]
-    chosen = label(max(below) if below else min(recorded))
-    _SESSION.events.append(DriftEvent(
-        str(location), own, _SESSION.device_class,
-        f"no golden of its own: compared with {chosen}'s, the nearest recorded; --snapshot-update on {own} "
-        "records one"))
-    return chosen
+    recorded = {}
+    for path in location.parent.glob(f"{glob.escape(f'{head}[{label}')}*{glob.escape(f']{tail}')}"):
+        parts = parse_version(path.name[len(head) + len(label) + 1:len(path.name) - len(tail) - 1])
+        if parts is not None and path.name == f"{head}[{label}{version_label(parts)}]{tail}":
+            recorded[parts] = path
+    chosen = nearest_version(version, recorded)
+    if _SESSION.update or location.is_file() or chosen is None:
+        assert actual == snapshot(name=own)
+        return
+    expected = _parse(recorded[chosen].read_text(), str(recorded[chosen]))
+    now = json.loads(_dump(to_golden(actual)))
+    differences = [] if golden_matches(now, expected) else list(_differences(now, expected, ""))
+    report_upstream_drift(record=str(recorded[chosen]), where=own, nodeid=_nodeid(snapshot.test_location),
+                          package=package, installed=version, compared_with=chosen, differences=differences)
 
 
 def find_orphans(*, root: Path, collected: Mapping[str, Iterable[str]], scopes: Iterable[str],

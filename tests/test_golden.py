@@ -207,31 +207,3 @@ def test_corrupted_golden_fails_naming_the_file(project, content):
     result = project.runpytest("-p", "no:cacheprovider")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*golden file *golden/demo/test_demo/test_logits[[]0.0[]].json is not valid JSON*"])
-
-
-def test_a_torch_minor_without_its_own_golden_is_held_to_the_nearest_recorded_and_says_so(tmp_path):
-    """pyproject admits torch 2.11 to 2.14; goldens exist for the minors someone ran (2.11, 2.13)."""
-    import types
-
-    from harness import golden
-    from harness.golden import configure_goldens, drift_events, versioned_golden
-
-    for minor in ("2.11", "2.13", "x.y"):
-        (tmp_path / f"test_stream[torch-{minor}].json").write_text("{}")
-    extension = types.SimpleNamespace(
-        get_location=lambda *, test_location, index: str(tmp_path / f"test_stream[{index}].json"))
-    snapshot = types.SimpleNamespace(extension=extension, test_location=None)
-    saved = (golden._SESSION.device_class, golden._SESSION.update, list(golden._SESSION.events))
-    try:
-        configure_goldens(device_class="cpu", update=False)
-        chosen = {minor: versioned_golden(snapshot, prefix="torch", version=(2, minor))
-                  for minor in (10, 11, 12, 13, 14)}
-        assert chosen == {10: "torch-2.11", 11: "torch-2.11", 12: "torch-2.11", 13: "torch-2.13", 14: "torch-2.13"}
-        notes = {event.where: event.kind for event in drift_events()}
-        assert set(notes) == {"torch-2.10", "torch-2.12", "torch-2.14"}
-        assert notes["torch-2.12"].startswith("no golden of its own: compared with torch-2.11's")
-        configure_goldens(device_class="cpu", update=True)  # --snapshot-update records the minor's own
-        assert versioned_golden(snapshot, prefix="torch", version=(2, 12)) == "torch-2.12"
-    finally:
-        configure_goldens(device_class=saved[0], update=saved[1])
-        golden._SESSION.events.extend(saved[2])

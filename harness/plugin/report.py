@@ -23,6 +23,8 @@ from harness import observations
 __all__ = ["RunReport", "format_text", "format_markdown", "annotations", "write_step_summary"]
 
 _WORKER_KEY = "harness_report"
+_DRIFT_FIELDS = ("golden", "where", "device_class", "kind", "differences", "record")
+_SHOWN_DIFFERENCES = 20  # per drifted record in the terminal; the JSON report keeps them all
 
 
 def _golden() -> Any:
@@ -87,7 +89,22 @@ def _setup(config: pytest.Config) -> dict[str, Any]:
         "transformers": transformers_version,
         "implementations": dict(getattr(session, "impl_specs", {}) or {}) or "reference",
         "hypothesis_profile": _hypothesis_profile(),
+        "upstream": _upstream_versions(),
     }
+
+
+def _upstream_versions() -> dict[str, str]:
+    """The installed version of each library whose releases can move the harness's verdicts, read from its
+    metadata (as pip names it), so the drift job's summary can set them beside the pins."""
+    from harness.upstream import UPSTREAM_PACKAGES
+
+    versions = {}
+    for name in UPSTREAM_PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    return versions
 
 
 def _hypothesis_profile() -> str:
@@ -121,9 +138,12 @@ class RunReport:
         if not self.started and _harness_session(self.config) is not None:
             device = _harness_session(self.config).device
             golden = _golden()
+            from harness.plugin.failures import reproduce_command
+
             golden.configure_goldens(device_class=golden.device_class(device),
                                      update=bool(self.config.getoption("--snapshot-update", False)),
-                                     golden_dir=_harness_session(self.config).golden_dir)
+                                     golden_dir=_harness_session(self.config).golden_dir,
+                                     rerun=lambda nodeid: reproduce_command(self.config, nodeid))
             observations.reset()
             self.started = True
         return self.started
@@ -219,7 +239,8 @@ class RunReport:
             path = Path(location)
             return path.relative_to(root).as_posix() if path.is_absolute() and path.is_relative_to(root) else location
 
-        drift = sorted({(relative(e["golden"]), e["where"], e["device_class"], e["kind"])
+        drift = sorted({(relative(e["golden"]), e["where"], e["device_class"], e["kind"],
+                         tuple(e.get("differences", ())), e.get("record", ""))
                         for part in parts for e in part["drift"]})
         orphans = sorted({name for part in parts for name in part["orphans"]})
         if orphans and session.exitstatus == pytest.ExitCode.OK:
@@ -231,7 +252,7 @@ class RunReport:
             "errors": errors,
             "counters": dict(sorted(tallies["counters"].items())),
             "goldens": {
-                "drift": [dict(zip(("golden", "where", "device_class", "kind"), row)) for row in drift],
+                "drift": [dict(zip(_DRIFT_FIELDS, (*row[:4], list(row[4]), row[5]))) for row in drift],
                 "orphans": orphans,
                 "deleted": sorted({name for part in parts for name in part["deleted"]}),
             },
@@ -327,6 +348,13 @@ def format_text(report: dict[str, Any]) -> str:
     goldens = report["goldens"]
     for event in goldens["drift"]:
         lines.append(f"  golden {event['golden']} {event['where']}: {event['kind']} ({event['device_class']})")
+        differences = event.get("differences", [])
+        lines += [f"      {line}" for line in differences[:_SHOWN_DIFFERENCES]]
+        if len(differences) > _SHOWN_DIFFERENCES:
+            more = len(differences) - _SHOWN_DIFFERENCES
+            lines.append(f"      ... and {more} more (--harness-report=PATH keeps all)")
+        if event.get("record"):
+            lines.append(f"      record it: {event['record']}")
     for name in goldens["orphans"]:
         lines.append(f"  ORPHANED golden {name}: no test owns it")
     for name in goldens["deleted"]:
@@ -334,15 +362,20 @@ def format_text(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def format_markdown(report: dict[str, Any] | None = None, kill_matrix: list[dict[str, Any]] | None = None) -> str:
-    """A run report and/or a selfcheck JSON (kill matrix) as Markdown, for ``$GITHUB_STEP_SUMMARY``."""
+def format_markdown(report: dict[str, Any] | None = None, kill_matrix: list[dict[str, Any]] | None = None, *,
+                    pins: dict[str, str] | None = None) -> str:
+    """A run report and/or a selfcheck JSON (kill matrix) as Markdown, for ``$GITHUB_STEP_SUMMARY``; with
+    ``pins`` (:func:`harness.upstream.read_pins`), the report's upstream versions beside them (the drift job)."""
     out: list[str] = []
     if report is not None:
         setup = report["setup"]
         out += ["### Harness run report", "",
                 f"device `{setup['device']}` ({setup['device_class']}), graph backend `{setup['graph_backend']}`, "
                 f"torch {setup['torch']}, transformers {setup['transformers']}, "
-                f"implementations `{setup['implementations']}`", "",
+                f"implementations `{setup['implementations']}`", ""]
+        if pins is not None:
+            out += _upstream_table(setup.get("upstream", {}), pins)
+        out += [
                 "| component | passed | failed | errors | skipped |", "| --- | --- | --- | --- | --- |"]
         out += [f"| {c} | {n.get('passed', 0)} | {n.get('failed', 0)} | {n.get('error', 0)} | {n.get('skipped', 0)} |"
                 for c, n in report["outcomes"].items()]
@@ -352,8 +385,15 @@ def format_markdown(report: dict[str, Any] | None = None, kill_matrix: list[dict
         if report["counters"]:
             out += ["", "counters: " + ", ".join(f"`{k}`={v}" for k, v in report["counters"].items())]
         goldens = report["goldens"]
-        out += [f"- golden `{e['golden']}` {e['where']}: {e['kind']} ({e['device_class']})" for e in goldens["drift"]]
+        for e in goldens["drift"]:
+            out.append(f"- golden `{e['golden']}` {e['where']}: {e['kind']} ({e['device_class']})")
+            if e.get("differences"):
+                out += ["", "  ```diff", *(f"  {line}" for line in e["differences"]), "  ```", ""]
+            if e.get("record"):
+                out.append(f"  record it: `{e['record']}`")
         out += [f"- **orphaned golden** `{name}`" for name in goldens["orphans"]]
+        if pins is not None and not goldens["drift"]:
+            out.append("- no golden drifted: every record holds for these versions")
     if kill_matrix is not None:
         out += ["", "### Kill matrix", "", "| component | implementation | verdict | seconds | first failing test |",
                 "| --- | --- | --- | --- | --- |"]
@@ -361,6 +401,19 @@ def format_markdown(report: dict[str, Any] | None = None, kill_matrix: list[dict
                 f"`{o['first_failure'] or '-'}` |"
                 for o in kill_matrix]
     return "\n".join(out) + "\n"
+
+
+def _upstream_table(installed: dict[str, str], pins: dict[str, str]) -> list[str]:
+    from harness.upstream import parse_version
+
+    rows = ["| package | pinned (constraints) | installed | |", "| --- | --- | --- | --- |"]
+    for name, version in sorted(installed.items()):
+        pinned = pins.get(name, "not pinned")
+        now, then = parse_version(version), parse_version(pinned)
+        moved = ("" if now is None or then is None or now == then
+                 else "**newer**" if now > then else "older")
+        rows.append(f"| {name} | {pinned} | {version} | {moved} |")
+    return [*rows, ""]
 
 
 def write_step_summary(text: str) -> None:

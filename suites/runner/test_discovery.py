@@ -16,6 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from harness.errors import DiscoveryError, HarnessError
+from harness.golden import assert_upstream_golden
 from harness.models import build_model
 from harness.oracle import CALLING_MODES
 from harness.runner.cases import MAX_TOKENS, SEED, make_batch, split_strategy
@@ -197,10 +198,11 @@ def test_sglang_0_5_23_discovery_golden(sglang_0_5_23_matrix, snapshot):
     # Each rule's verdict on every architecture that builds, and SGLang 0.5.23's cell of each (the module it
     # resolves, or its RuntimeError's message where it refuses); the other rules' cells are the discovery
     # matrix golden's. Written where the folder exists (--snapshot-update), a reviewable diff on a new release.
+    # The zoo is transformers' code: one golden per transformers release (harness.golden.assert_upstream_golden).
     rules = next(row["rules"] for row in sglang_0_5_23_matrix.values() if "rules" in row)
-    assert {
+    assert_upstream_golden(snapshot, {
         "verdicts": {rule: _verdicts(sglang_0_5_23_matrix, rule) for rule in rules},
         "unavailable": sorted(name for name, row in sglang_0_5_23_matrix.items() if "rules" not in row),
         "sglang_0_5_23": {name: row["rules"]["sglang_0_5_23"] for name, row in sglang_0_5_23_matrix.items()
                           if "rules" in row},
-    } == snapshot
+    }, package="transformers")

@@ -235,7 +235,7 @@ def test_the_gpu_jobs_pin_the_torch_the_h200_baselines_were_recorded_on():
         pins = re.findall(r'^  GPU_TORCH_VERSION: "([^"]+)"$', text, re.MULTILINE)
         assert pins == list(recorded), (
             f"{workflow.name}: GPU_TORCH_VERSION {pins}, the H200 baselines record torch {recorded}")
-        assert re.search(r'"\$VENV/bin/pip" install "torch==\$GPU_TORCH_VERSION"', text), (
+        assert re.search(r'"\$VENV/bin/pip" install (-c constraints\.txt )?"torch==\$GPU_TORCH_VERSION"', text), (
             f"{workflow.name} never installs torch==$GPU_TORCH_VERSION")
     # Every venv of gpu.yml takes the pin, the sglang job's excepted (its torch is the one SGLang requires).
     for install in re.findall(r'"\$VENV/bin/pip" install [^\n]*', WORKFLOW.read_text()):

@@ -284,10 +284,12 @@ def test_emulated_and_cuda_verdicts_differ_only_where_listed(pytestconfig):
                 f"{sorted(refused)} (harness/runner/capture_verdicts.py)")
     paired = {release: matrices for release, matrices in recorded.items() if set(COMPARED_CLASSES) <= set(matrices)}
     if not paired:
+        golden_dir = session_of(pytestconfig).golden_dir
+        into = f" --golden-dir={golden_dir}" if golden_dir is not None else ""
         pytest.skip(f"no transformers release has the capture matrices of both {' and '.join(COMPARED_CLASSES)} in "
                     f"{_golden_folder()} (recorded: {_releases(recorded) or 'none'}); only a GPU of class "
                     f"{COMPARED_CLASSES[1]} records one, with: pytest {__file__}::test_capture_matrix_golden "
-                    "--device cuda --graph-backend cuda --snapshot-update")
+                    f"--device cuda --graph-backend cuda --snapshot-update{into}")
     for release, matrices in sorted(paired.items()):
         differences = verdict_differences(*(matrices[kind] for kind in COMPARED_CLASSES))
         listed = DEVICE_DIFFERENCES.get(release, {})

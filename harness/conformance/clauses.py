@@ -113,6 +113,10 @@ CLAUSES: dict[str, tuple[Clause, ...]] = {
                                 "ReplayError at that break, never broadcasts, casts or silently replaces"),
         ("fault-recovery", CORE, "an exception from a break at replay propagates, and the next replay equals eager "
                                  "again"),
+        ("handled-break-errors", CORE, "a break that raises during capture, handled by the captured program, is "
+                                       "recorded as the program ran: its handler replays, the break runs again and "
+                                       "must raise as it did, and a replay where it no longer does raises "
+                                       "ReplayError"),
         ("capture-failure-clean", CORE, "an exception during capture propagates, leaves no capture active and "
                                         "restores the process state the capture changed; a capture or replay "
                                         "that succeeds restores it too"),

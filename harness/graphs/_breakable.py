@@ -278,6 +278,18 @@ class Break:
         return getattr(self.fn, "__qualname__", repr(self.fn))
 
 
+@dataclasses.dataclass
+class RaisedBreak(Break):
+    """A break that raised ``error_type`` at capture, which the captured program handled: the program's handler,
+    recorded after it, is where the capture went on. At replay it runs again and must raise as it did, so that
+    eager would take the same handler (its partial work is redone as eager redoes it)."""
+
+    error_type: type[BaseException] = Exception
+
+    def __post_init__(self) -> None:
+        pass  # it returned nothing to write back into
+
+
 class CaptureSession:
     """One capture in progress.
 
@@ -342,8 +354,15 @@ class CaptureSession:
         """Receive one break call (:class:`~harness.graphs.BreakReceiver`): end the segment, run the
         body eagerly with its own breaks inline, record it, begin the next segment."""
         self.end_segment()
-        with receive_breaks(INLINE_BREAKS):
-            output = fn(*args, **kwargs)
+        try:
+            with receive_breaks(INLINE_BREAKS):
+                output = fn(*args, **kwargs)
+        except Exception as error:
+            # The program may handle it and go on (a fast path falling back to a slow one): what it runs next
+            # is recorded in a segment of its own; where it does not, the capture fails with this error.
+            self.steps.append(RaisedBreak(fn, args, kwargs, None, type(error)))
+            self.begin_segment()
+            raise
         self.steps.append(Break(fn, args, kwargs, output))
         self.begin_segment()
         return output
@@ -395,6 +414,9 @@ class BreakableGraph:
         return [step.name for step in self.steps if isinstance(step, Break)]
 
     def replay_break(self, step: Break) -> None:
+        if isinstance(step, RaisedBreak):
+            replay_raised_break(step)
+            return
         step.output = write_back(step.output, step.fn(*step.args, **step.kwargs))
 
     def replay(self) -> Any:
@@ -408,6 +430,23 @@ class BreakableGraph:
 
     def __repr__(self) -> str:
         return f"<BreakableGraph {self.segment_count} segments, {self.break_count} breaks>"
+
+
+def replay_raised_break(step: RaisedBreak) -> None:
+    """Run a break that raised at capture again: it must raise as it did (then the captured handler is the path
+    eager takes too); returning, or raising another error, means eager would leave the captured path."""
+    try:
+        step.fn(*step.args, **step.kwargs)
+    except step.error_type:
+        return
+    except Exception as error:
+        raise ReplayError(
+            f"break {step.name} raised {step.error_type.__name__} at capture, which the captured program handled; "
+            f"at replay it raised {type(error).__name__} ({error}): the program could take another path than the "
+            "captured one. Capture again for this case") from error
+    raise ReplayError(
+        f"break {step.name} raised {step.error_type.__name__} at capture, which the captured program handled; at "
+        "replay it returned, so eager would take the path the capture never recorded. Capture again for this case")
 
 
 class GraphCapturer:

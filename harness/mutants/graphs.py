@@ -16,13 +16,16 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from harness.errors import CaptureError, ReplayError
 from harness.graphs import (
+    INLINE_BREAKS,
     Break,
     BreakableGraph,
     CaptureSession,
     GraphCapturer,
+    RaisedBreak,
     _seam,
     check_capturable,
     copy_tensor,
+    receive_breaks,
     write_back,
 )
 from harness.mutants import MutantSet
@@ -788,3 +791,32 @@ class _WeakArgumentsGraph(BreakableGraph):
 class BreakArgumentsHeldWeakly(GraphCapturer):
     session_class = _WeakArgumentsSession
     graph_class = _WeakArgumentsGraph
+
+
+class _DroppedHandlerSession(CaptureSession):
+    def run_break(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        self.end_segment()
+        with receive_breaks(INLINE_BREAKS):
+            output = fn(*args, **kwargs)  # raising here leaves no segment open: the handler's ops go unrecorded
+        self.steps.append(Break(fn, args, kwargs, output))
+        self.begin_segment()
+        return output
+
+
+@MUTANTS.add("drops-handled-region", bug="a break that raises during capture, handled by the program, ends the "
+             "segment for good: the handler's ops up to the next break are not recorded, and replay reuses their "
+             "capture-time values")
+class DropsHandledRegion(GraphCapturer):
+    session_class = _DroppedHandlerSession
+
+
+class _FailedBreakFrozenGraph(BreakableGraph):
+    def replay_break(self, step: Break) -> None:
+        if not isinstance(step, RaisedBreak):  # the failed break is taken as done: its partial work stays capture's
+            super().replay_break(step)
+
+
+@MUTANTS.add("failed-break-frozen", bug="a break that raised during capture is recorded but not run at replay: its "
+             "partial work keeps its capture-time values, and a replay where it would no longer raise goes on")
+class FailedBreakFrozen(GraphCapturer):
+    graph_class = _FailedBreakFrozenGraph

@@ -12,6 +12,7 @@ is checked on the metadata.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -209,6 +210,66 @@ def _check_selfcheck_run(python: Path, env: dict[str, str], tmp_path: Path) -> N
     assert completed.stdout.split()[:2] == ["killed", "True"], completed.stdout
 
 
+def _installed_package(python: Path) -> Path:
+    (package,) = (python.parent.parent / "lib").glob("python*/site-packages/harness")
+    return package
+
+
+def _tree(folder: Path) -> dict[str, tuple[int, int] | None]:
+    """Every file under ``folder`` with its size and modification time, every folder by its name; but for bytecode
+    caches (``__pycache__``): pytest writes the modules it rewrites there beside every plugin's (xdist's and
+    syrupy's too), Python its own, neither the harness."""
+    tree: dict[str, tuple[int, int] | None] = {}
+    for path in folder.rglob("*"):
+        relative = path.relative_to(folder)
+        if "__pycache__" not in relative.parts:
+            status = path.lstat()
+            tree[relative.as_posix()] = None if path.is_dir() else (status.st_size, status.st_mtime_ns)
+    return tree
+
+
+def _check_nothing_written(before: dict[str, tuple[int, int] | None], package: Path, *, by: str) -> None:
+    after = _tree(package)
+    added, removed = sorted(set(after) - set(before)), sorted(set(before) - set(after))
+    changed = sorted(name for name in set(before) & set(after) if before[name] != after[name])
+    assert not (added or removed or changed), (
+        f"{by} wrote into the installed package {package}: {len(added)} added {added[:8]}, {len(removed)} removed "
+        f"{removed[:8]}, {len(changed)} changed {changed[:8]}")
+
+
+def _check_a_child_run_writes_into_the_engines_folder(python: Path, env: dict[str, str], tmp_path: Path) -> None:
+    """A child run of selfcheck's (in the suites' root, the installed package) of the engine's broken gather through a
+    hypothesis test: hypothesis caches the constants of the engine's module, which is outside site-packages, in its
+    storage, which is in the folder the run was started from, and nothing goes into the package."""
+    package = _installed_package(python)
+    before = _tree(package)
+    killing = "suites/gather/test_contract.py::test_matches_eager_oracle_over_the_contract[no-hidden]"
+    script = ("from harness import impls, locations, selfcheck\n"
+              "impl = impls.load('gather', 'engine_ops:broken_gather')\n"
+              "outcome = selfcheck.run_one(impl, graph_backend='emulated', device='cpu', "
+              f"root=locations.project_root(), first={killing!r})\n"
+              "print(outcome.verdict, outcome.first_failure)\n")
+    completed = _run([str(python), "-c", script], cwd=tmp_path, env=env)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert completed.stdout.split() == ["killed", killing], completed.stdout
+    _check_nothing_written(before, package, by="a selfcheck child run")
+    assert (tmp_path / ".hypothesis").is_dir()
+
+
+def _check_selfcheck_writes_into_the_engines_folder(python: Path, env: dict[str, str], tmp_path: Path) -> None:
+    """``python -m harness selfcheck`` from an engine's (empty) folder: its children's hypothesis storage and its
+    hints cache go there, nothing into the installed package."""
+    package = _installed_package(python)
+    before = _tree(package)
+    completed = _run([str(python), "-m", "harness", "selfcheck", "--component", "gather", *_CPU], cwd=tmp_path,
+                     env=env)
+    assert completed.returncode == 0, (completed.stdout + completed.stderr)[-5000:]
+    _check_nothing_written(before, package, by="python -m harness selfcheck")
+    assert (tmp_path / ".hypothesis").is_dir()
+    hints = json.loads((tmp_path / ".harness_cache" / "selfcheck-hints.json").read_text())
+    assert {entry["component"] for entry in hints["kills"]} == {"gather"}, hints
+
+
 # The limits are wall time on a shared machine, which a loaded small machine stretches far beyond the tests' CPU
 # time.
 pytestmark = pytest.mark.timeout(1200)
@@ -241,6 +302,17 @@ def test_an_engines_modules_run_under_the_installed_suites_and_reproduce(install
 
 def test_a_selfcheck_run_from_the_wheel_starts_with_the_shipped_killing_test(installed, tmp_path: Path):
     _check_selfcheck_run(*installed, tmp_path)
+
+
+def test_a_selfcheck_child_run_from_the_wheel_writes_nothing_into_the_installed_package(installed, tmp_path: Path):
+    _check_a_child_run_writes_into_the_engines_folder(*installed, tmp_path)
+
+
+# The kill matrix of one component, its reference's whole suite included: slow_child, as the next one.
+@pytest.mark.slow_child
+@pytest.mark.long_running
+def test_selfcheck_from_an_engines_folder_writes_nothing_into_the_installed_package(installed, tmp_path: Path):
+    _check_selfcheck_writes_into_the_engines_folder(*installed, tmp_path)
 
 
 # The whole packaged gather suite on the reference, compiles included: most of this file's CPU time (a minute

@@ -99,7 +99,7 @@ def test_a_harness_option_activates_everything(engine: pytest.Pytester, monkeypa
     """The counterpart of the test above: the same run given one harness option is a harness run."""
     monkeypatch.delenv("CI", raising=False)
     output, observed, files = _run(engine, "-p", "harness.plugin", "--device", "cpu",
-                                   "--harness-report", "report.json")
+                                   "--harness-report=report.json")
     assert re.search(r"^harness: device=cpu, graph backend=emulated, .*hypothesis profile=dev", output, re.MULTILINE)
     assert "harness run report" in output
     assert observed["threads"] == 1 and observed["profile"] == "dev" and observed["settings"][0] == 5

@@ -63,6 +63,7 @@ def pytest_load_initial_conftests(early_config: pytest.Config) -> Generator[None
 def pytest_configure(config: pytest.Config) -> None:
     for name, meaning in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {meaning}")
+    options.refuse_separate_path_values(config)  # before anything acts on the rootdir it may have moved
     if session.wanted_at_start(config):
         session.activate(config)
     elif config.getoption("hypothesis_profile", None):

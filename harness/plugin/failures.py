@@ -131,8 +131,8 @@ def _golden_hint(item: pytest.Item, update: str) -> str:
         return (f"the output does not match {named}, a golden of the installed harness, which --snapshot-update "
                 "does not rewrite. If your implementation differs from the reference where the contract leaves it "
                 "open, keep goldens of your own: record them with\n"
-                f"  {update} --snapshot-update --golden-dir PATH\n"
-                "then review and commit PATH, and run with --golden-dir PATH (or harness_golden_dir = PATH in your "
+                f"  {update} --snapshot-update --golden-dir=PATH\n"
+                "then review and commit PATH, and run with --golden-dir=PATH (or harness_golden_dir = PATH in your "
                 "pytest ini); if not, the implementation changed behaviour.")
     if files and not any(path.is_file() for path in files):
         return (f"no golden {named} in {shown}. Record it with\n  {update} --snapshot-update\n"

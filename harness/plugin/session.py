@@ -166,7 +166,7 @@ def check_golden_dir(config: pytest.Config) -> Path | None:
             where = packaged / "golden" if folder is None else folder
             raise UsageError(
                 f"--snapshot-update would write the goldens into the installed harness ({where}); keep goldens of "
-                f"your own: add --golden-dir PATH (e.g. --golden-dir tests/harness-goldens), or {GOLDEN_DIR_INI} = "
+                f"your own: add --golden-dir=PATH (e.g. --golden-dir=tests/harness-goldens), or {GOLDEN_DIR_INI} = "
                 "PATH in your pytest ini, record them with --snapshot-update and commit them")
     return folder
 

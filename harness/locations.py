@@ -31,7 +31,8 @@ def suites_dir() -> Path:
     if checkout.is_dir():
         return checkout
     raise UsageError("cannot find the harness's suites: neither the package harness.suites nor a checkout's "
-                     "suites/ folder; reinstall the harness (pip install llm-graph-harness, or pip install -e .)")
+                     "suites/ folder; reinstall the harness from a checkout: pip wheel --no-deps --wheel-dir dist "
+                     "CHECKOUT, then pip install dist/llm_graph_harness-*.whl (or pip install -e CHECKOUT)")
 
 
 def project_root() -> Path:

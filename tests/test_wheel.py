@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -58,20 +59,33 @@ def _run(command: list[str], *, cwd: Path, env: dict[str, str], timeout: int = 9
     return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+def _readme_wheel_commands() -> tuple[list[str], str]:
+    """The README's build of the harness's wheel from a checkout (its engine's-CI commands and its workflow write the
+    same line) and the wheel file its install names: the build's words, the file's pattern."""
+    text = (ROOT / "README.md").read_text()
+    builds = set(re.findall(r"^ *(pip wheel [^#\n]*?) *$", text, re.MULTILINE))
+    installs = set(re.findall(r"^ *pip install (?:-e \. )?(dist/llm_graph_harness-\S*\.whl)$", text, re.MULTILINE))
+    assert len(builds) == 1 and len(installs) == 1, ("the README builds and installs the wheel in one way",
+                                                     builds, installs)
+    return shlex.split(builds.pop()), installs.pop()
+
+
 def _build_wheel(tmp_path_factory) -> Path:
-    """The wheel, built from a copy of the source tree (a stale build/ of the checkout cannot leak in)."""
-    source = tmp_path_factory.mktemp("source") / "llm-graph-harness"
-    shutil.copytree(ROOT, source, ignore=_IGNORED)
-    out = tmp_path_factory.mktemp("dist")
-    # The running environment's setuptools builds it (no build environment to download); pip falls back to
-    # an isolated build where that setuptools is too old.
-    completed = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out),
-                      str(source)], cwd=out, env=dict(os.environ))
+    """The wheel, built by the README's command from a copy of the source tree named as the README's checkout (a
+    stale build/ of the checkout cannot leak in), in the folder the README runs it from."""
+    command, installed = _readme_wheel_commands()
+    assert command[:2] == ["pip", "wheel"], command
+    base = tmp_path_factory.mktemp("engine-repository")
+    shutil.copytree(ROOT, base / command[-1], ignore=_IGNORED)
+    pip = [sys.executable, "-m", *command]  # the pip of this interpreter, whose environment has the dependencies
+    completed = _run(pip, cwd=base, env=dict(os.environ))
     if completed.returncode != 0:
-        completed = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(source)],
-                         cwd=out, env=dict(os.environ))
+        # Where no package index is reachable (a GPU runner), pip cannot make the isolated build environment the
+        # command asks for: the same command then builds with this environment's setuptools (pip reads
+        # PIP_NO_BUILD_ISOLATION=0 as --no-build-isolation).
+        completed = _run(pip, cwd=base, env={**os.environ, "PIP_NO_BUILD_ISOLATION": "0"})
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
-    (built,) = out.glob("llm_graph_harness-*.whl")
+    (built,) = base.glob(installed)
     return built
 
 
@@ -292,6 +306,16 @@ def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Pa
 
 def test_the_wheel_carries_the_suites_goldens_baselines_and_plugin(wheel: Path):
     _check_contents(wheel)
+
+
+def test_the_readmes_build_makes_the_wheel_these_checks_install(wheel: Path, installed):
+    """The README's own commands, not a build of the tests' own: ``wheel`` is what its ``pip wheel`` line made, the
+    file its install line names, and that is what is installed here."""
+    _, pattern = _readme_wheel_commands()
+    assert wheel.match(pattern), (wheel, pattern)
+    python, env = installed
+    completed = _run([str(python), "-m", "harness", "--version"], cwd=wheel.parent, env=env)
+    assert completed.stdout.split() == ["llm-graph-harness", wheel.name.split("-")[1]], completed.stdout
 
 
 def test_the_installed_harness_lists_its_components_from_its_own_folder(installed, tmp_path: Path):

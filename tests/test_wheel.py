@@ -191,7 +191,7 @@ def _check_outside_modules(python: Path, env: dict[str, str], tmp_path: Path) ->
     assert reproduce[1].startswith(f"PYTHONPATH={engine.resolve()} ") and "--rootdir" not in reproduce[1]
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    pasted = _run(["bash", "-c", f"{reproduce[1]} -p no:cacheprovider"], cwd=elsewhere,
+    pasted = _run(["bash", "-c", reproduce[1]], cwd=elsewhere,
                   env={key: value for key, value in env.items() if key != "PYTHONPATH"})
     assert pasted.returncode == 1 and "MismatchError" in pasted.stdout, (pasted.stdout + pasted.stderr)[-5000:]
     # The suite's conftest, imported before collection as the path argument's, sets off no warning the harness causes

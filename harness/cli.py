@@ -65,10 +65,11 @@ def _selfcheck(arguments: argparse.Namespace) -> int:
     if arguments.update_kill_matrix and not locations.is_checkout():
         raise HarnessError(f"--update-kill-matrix rewrites a checkout's {selfcheck.KILL_MATRIX_PATH.as_posix()}; this "
                            f"harness is installed ({root}), whose kill matrix stays as shipped")
+    state = locations.state_dir()  # the hints cache: a checkout's, else the engine's folder, never the package
     started = time.perf_counter()
     _report_runs_in_flight_when_stopped()
     outcomes = selfcheck.run_selfcheck(components=chosen, graph_backend=arguments.graph_backend,
-                                       device=arguments.device, jobs=arguments.jobs, root=root,
+                                       device=arguments.device, jobs=arguments.jobs, root=root, state=state,
                                        test_timeout=arguments.test_timeout or None,
                                        process_timeout=arguments.process_timeout or None,
                                        fork_server=not arguments.no_fork_server,
@@ -80,11 +81,10 @@ def _selfcheck(arguments: argparse.Namespace) -> int:
         selfcheck.write_json(outcomes, arguments.json, wall_seconds=round(wall, 1))
     moved = _kill_matrix_changes(root, outcomes, check=arguments.check_kill_matrix,
                                  update=arguments.update_kill_matrix)
-    if locations.is_checkout():  # an installed wheel writes nothing into its package
-        if arguments.update_kill_matrix:
-            selfcheck.write_kill_matrix(root, outcomes)
-        if not arguments.keep_hints:
-            selfcheck.write_hints(root, outcomes)
+    if arguments.update_kill_matrix:  # refused above where the harness is installed
+        selfcheck.write_kill_matrix(root, outcomes)
+    if not arguments.keep_hints:
+        selfcheck.write_hints(state, outcomes)
     return 0 if all(o.ok for o in outcomes) and not (moved and arguments.check_kill_matrix) else 1
 
 
@@ -240,7 +240,8 @@ def build_parser(prog: str = "python -m harness") -> argparse.ArgumentParser:
                             "they are forked from one process that has imported torch, transformers, hypothesis and "
                             "the harness once (where the platform has os.fork)")
     check.add_argument("--keep-hints", action="store_true",
-                       help="do not rewrite this machine's hints cache, .harness_cache/selfcheck-hints.json (each "
+                       help="do not rewrite this machine's hints cache, .harness_cache/selfcheck-hints.json in the "
+                            "checkout, or in the current folder where the harness is installed (each "
                             "mutant's last killing test and seconds to kill, which order the next run's start)")
     check.add_argument("--check-kill-matrix", action="store_true",
                        help="fail when a mutant's killing test differs from golden/selfcheck/kill_matrix.json")

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from harness.errors import UsageError
 
-__all__ = ["suites_dir", "project_root", "is_checkout", "package_dir", "baselines_dir", "resolve_baseline",
-           "check_writable_file"]
+__all__ = ["suites_dir", "project_root", "is_checkout", "package_dir", "state_dir", "baselines_dir",
+           "resolve_baseline", "check_writable_file"]
 
 _PACKAGE = Path(__file__).resolve().parent
 
@@ -31,7 +31,8 @@ def suites_dir() -> Path:
     if checkout.is_dir():
         return checkout
     raise UsageError("cannot find the harness's suites: neither the package harness.suites nor a checkout's "
-                     "suites/ folder; reinstall the harness (pip install llm-graph-harness, or pip install -e .)")
+                     "suites/ folder; reinstall the harness from a checkout: pip wheel --no-deps --wheel-dir dist "
+                     "CHECKOUT, then pip install dist/llm_graph_harness-*.whl (or pip install -e CHECKOUT)")
 
 
 def project_root() -> Path:
@@ -47,6 +48,14 @@ def is_checkout() -> bool:
 def package_dir() -> Path:
     """The folder of the ``harness`` package that is imported (a checkout's ``harness/``, or site-packages')."""
     return _PACKAGE
+
+
+def state_dir() -> Path:
+    """The folder that keeps this machine's state of the harness's runs (hypothesis's ``.hypothesis/`` of the child
+    runs, selfcheck's hints cache ``.harness_cache/``): a checkout's root; for an installed harness, the current
+    folder (an engine's repository), never the installed package, which every run of the environment shares and the
+    next install replaces."""
+    return project_root() if is_checkout() else Path.cwd()
 
 
 def baselines_dir() -> Path:

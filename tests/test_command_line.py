@@ -71,10 +71,16 @@ _USAGE_CASES = {
                                r"cannot be called as factory\(model, \*, buckets, graphs, strict_discovery=False\)"),
     "blob-other-version": (["--reproduce-failure", "0.0.1:AAAA"], {}, 4,
                            r"recorded with hypothesis 0.0.1, this is .*drop --reproduce-failure"),
-    "report-under-a-file": (["--harness-report", "pyproject.toml/report.json"], {}, 4,
+    "report-under-a-file": (["--harness-report=pyproject.toml/report.json"], {}, 4,
                             r"--harness-report pyproject.toml/report.json: .*pyproject.toml is a file"),
-    "report-is-a-folder": (["--harness-report", "suites"], {}, 4, r"--harness-report suites: .* is a folder"),
+    "report-is-a-folder": (["--harness-report=suites"], {}, 4, r"--harness-report suites: .* is a folder"),
     "blob-malformed": (["--reproduce-failure", "not a blob"], {}, 4, r"expected VERSION:BLOB"),
+    "report-as-two-words": (["--harness-report", "report.json"], {}, 4,
+                            r"^ERROR: --harness-report report\.json: join the path to its option, "
+                            r"--harness-report=report\.json: "),
+    "golden-dir-as-two-words-in-addopts": ([], {"PYTEST_ADDOPTS": "--golden-dir goldens"}, 4,
+                                           r"^ERROR: --golden-dir goldens in PYTEST_ADDOPTS: join the path to its "
+                                           r"option, --golden-dir=goldens: "),
     "blob-several-tests": (["--reproduce-failure", "1.0:AAAA"], {}, 4, r"one test's example, but \d+ tests"),
 }
 if importlib.util.find_spec("sglang") is None:  # an engine adapter selected where the engine is missing
@@ -116,6 +122,36 @@ def test_bad_input_is_one_line_with_the_usage_error_status(usage_results, case_i
     errors = [line for line in result["err"].splitlines() if line.strip()]
     assert len(errors) == 1 and re.search(pattern, errors[0]), output
     assert "Traceback" not in output and "INTERNALERROR" not in output
+
+
+def test_a_path_option_as_two_words_is_refused_before_the_run_and_joined_it_runs(tmp_path: Path):
+    """Written as two words, a path option's existing value (a report an earlier run left, a goldens folder outside
+    the repository) counts as a test path where pytest looks for its rootdir and ini, under --pyargs too, and moves
+    them; each of the harness's path options is refused so, in one line naming the joined form, exit status 4, no test
+    run. Joined, the same run keeps this checkout's rootdir and passes."""
+    from harness.plugin import options
+
+    assert set(options.path_options()) == {"--golden-dir", "--harness-report"}  # a new one: give it a value below
+    values = {"--harness-report": tmp_path / "earlier" / "report.json", "--golden-dir": tmp_path / "goldens"}
+    values["--harness-report"].parent.mkdir()
+    values["--harness-report"].write_text("{}")
+    values["--golden-dir"].mkdir()
+    run = ["-m", "pytest", "--pyargs", "harness.suites.graphs.test_breaks", "-k", "test_counts_and_names",
+           "-p", "no:cacheprovider", "--device", "cpu"]
+    for option, value in values.items():
+        refused = _run(*run, option, str(value))
+        output = refused.stdout + refused.stderr
+        assert refused.returncode == 4, output[-3000:]
+        assert [line for line in output.splitlines() if line.strip()] == [
+            f"ERROR: {option} {value}: join the path to its option, {option}={value}: pytest reads a separate value "
+            "as a test path while it looks for its rootdir and ini file, before the harness's options are known, so "
+            "an existing path there moves the rootdir"], output[-3000:]
+        joined = _run(*run, f"{option}={value}")
+        output = joined.stdout + joined.stderr
+        assert joined.returncode == 0, output[-3000:]
+        assert re.search(rf"^rootdir: {re.escape(str(ROOT))}\nconfigfile: pyproject.toml$", output, re.MULTILINE), (
+            output[-3000:])
+    assert json.loads(values["--harness-report"].read_text())  # the joined run wrote its report there
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""An engine's own goldens (issue 33, item 1): ``--golden-dir PATH`` or the ini's ``harness_golden_dir`` moves
+"""An engine's own goldens (issue 33, item 1): ``--golden-dir=PATH`` or the ini's ``harness_golden_dir`` moves
 where the suites' goldens are read and written; ``--snapshot-update`` never writes into an installed harness; a
 failed golden's hint names the folder that holds it; a golden compares only what the contract fixes (the capture
 plan's "at least")."""
@@ -70,15 +70,15 @@ def change_the_suite(project, rewrite_module):
 
 
 def test_the_option_moves_reads_and_writes_to_the_engine_folder(project):
-    project.runpytest("--snapshot-update", "--golden-dir", "engine-goldens").assert_outcomes(passed=1)
+    project.runpytest("--snapshot-update", "--golden-dir=engine-goldens").assert_outcomes(passed=1)
     engine = project.path / "engine-goldens"
     assert _goldens(engine) == [GOLDEN]  # the suites' layout, below the engine's folder
     assert _goldens(project.path / "golden") == []  # the harness's folder is not written
-    project.runpytest("--golden-dir", "engine-goldens").assert_outcomes(passed=1)
+    project.runpytest("--golden-dir=engine-goldens").assert_outcomes(passed=1)
     # read from there: the engine's copy pins another number, and the run fails on it
     path = engine / GOLDEN
     path.write_text(path.read_text().replace('"segments": 3', '"segments": 5'))
-    result = project.runpytest("--golden-dir", str(engine))  # absolute, as well
+    result = project.runpytest(f"--golden-dir={engine}")  # absolute, as well
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(['*"segments": 3*'])
 
@@ -93,14 +93,14 @@ def test_the_ini_setting_is_relative_to_the_ini_file_and_the_option_wins(project
     assert _goldens(elsewhere) == [] and _goldens(project.path / "golden") == []
     project.runpytest("../suites").assert_outcomes(passed=1)
     # the option, relative to the invocation folder, wins over the ini
-    project.runpytest("--snapshot-update", "--golden-dir", "mine", "../suites").assert_outcomes(passed=1)
+    project.runpytest("--snapshot-update", "--golden-dir=mine", "../suites").assert_outcomes(passed=1)
     assert _goldens(elsewhere / "mine") == [GOLDEN]
 
 
 def test_a_golden_missing_from_the_engine_folder_fails_naming_it_and_never_reads_the_packaged_one(project):
     project.runpytest("--snapshot-update").assert_outcomes(passed=1)  # the harness's own golden/ has it
     packaged = (project.path / "golden" / GOLDEN).read_bytes()
-    result = project.runpytest("--golden-dir", "engine-goldens")
+    result = project.runpytest("--golden-dir=engine-goldens")
     result.assert_outcomes(failed=1)
     output = result.stdout.str()
     assert f"no golden engine-goldens/{GOLDEN} in engine-goldens/" in output, output[-3000:]
@@ -112,9 +112,9 @@ def test_a_golden_missing_from_the_engine_folder_fails_naming_it_and_never_reads
 
 
 def test_a_failed_golden_hint_names_the_engine_folder(project, change_the_suite):
-    project.runpytest("--snapshot-update", "--golden-dir", "engine-goldens").assert_outcomes(passed=1)
+    project.runpytest("--snapshot-update", "--golden-dir=engine-goldens").assert_outcomes(passed=1)
     change_the_suite()
-    result = project.runpytest("--golden-dir", "engine-goldens")
+    result = project.runpytest("--golden-dir=engine-goldens")
     result.assert_outcomes(failed=1)
     output = result.stdout.str()
     assert "review `git diff engine-goldens/`" in output, output[-3000:]
@@ -125,10 +125,10 @@ def test_a_failed_golden_hint_names_the_engine_folder(project, change_the_suite)
 
 
 def test_an_orphan_in_the_engine_folder_fails_the_run_naming_it(project):
-    project.runpytest("--snapshot-update", "--golden-dir", "engine-goldens").assert_outcomes(passed=1)
+    project.runpytest("--snapshot-update", "--golden-dir=engine-goldens").assert_outcomes(passed=1)
     orphan = project.path / "engine-goldens/demo/test_demo/test_gone.json"
     orphan.write_text("{}\n")
-    result = project.runpytest("--golden-dir", "engine-goldens")
+    result = project.runpytest("--golden-dir=engine-goldens")
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.fnmatch_lines(["*ORPHANED golden engine-goldens/demo/test_demo/test_gone.json*"])
 
@@ -145,10 +145,10 @@ def test_snapshot_update_into_an_installed_harness_is_refused_in_one_line(projec
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     line = _one_error_line(result)
     assert "--snapshot-update would write the goldens into the installed harness" in line, line
-    assert "--golden-dir PATH" in line and "harness_golden_dir" in line, line
+    assert "--golden-dir=PATH" in line and "harness_golden_dir" in line, line
     assert _goldens(project.path / "golden") == []
     # a folder of the engine's own is written
-    project.runpytest_subprocess("--snapshot-update", "--golden-dir", "engine-goldens").assert_outcomes(passed=1)
+    project.runpytest_subprocess("--snapshot-update", "--golden-dir=engine-goldens").assert_outcomes(passed=1)
     assert _goldens(project.path / "engine-goldens") == [GOLDEN]
 
 
@@ -160,7 +160,7 @@ def test_a_failed_packaged_golden_says_how_to_keep_goldens_of_your_own(project, 
     result.assert_outcomes(failed=1)
     output = result.stdout.str()
     assert "a golden of the installed harness, which --snapshot-update does not rewrite" in output, output[-3000:]
-    assert "--snapshot-update --golden-dir PATH" in output and "git diff golden/" not in output
+    assert "--snapshot-update --golden-dir=PATH" in output and "git diff golden/" not in output
 
 
 def test_only_the_capture_plan_the_contract_fixes_is_compared():
@@ -198,7 +198,7 @@ def test_a_runner_whose_capture_plan_has_more_keys_passes_the_capture_plan_golde
     completed = subprocess.run(
         [sys.executable, "-m", "pytest", "suites/runner/test_goldens.py", "-k", "test_capture_plan", "-q",
          "-p", "no:cacheprovider", "--device", "cpu", "--impl", "runner=extra_keys_runner:make_runner",
-         "--harness-report", str(tmp_path / "report.json")],
+         f"--harness-report={tmp_path / 'report.json'}"],
         cwd=ROOT, capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": path})
     output = completed.stdout + completed.stderr
     assert completed.returncode == 0, output[-4000:]

@@ -154,7 +154,7 @@ def test_moved_bits_within_tolerance_are_reported_not_rewritten(project, rewrite
     path = project.path / "golden/demo/test_demo/test_logits[0.0].json"
     path.rename(path.with_name("test_logits[1e-07].json"))
     before = _golden_files(project.path)
-    result = project.runpytest("--snapshot-update", "-p", "no:cacheprovider", "--harness-report", "report.json")
+    result = project.runpytest("--snapshot-update", "-p", "no:cacheprovider", "--harness-report=report.json")
     result.assert_outcomes(passed=1)
     assert _golden_files(project.path) == before
     report = json.loads((project.path / "report.json").read_text())

@@ -99,7 +99,7 @@ def test_a_harness_option_activates_everything(engine: pytest.Pytester, monkeypa
     """The counterpart of the test above: the same run given one harness option is a harness run."""
     monkeypatch.delenv("CI", raising=False)
     output, observed, files = _run(engine, "-p", "harness.plugin", "--device", "cpu",
-                                   "--harness-report", "report.json")
+                                   "--harness-report=report.json")
     assert re.search(r"^harness: device=cpu, graph backend=emulated, .*hypothesis profile=dev", output, re.MULTILINE)
     assert "harness run report" in output
     assert observed["threads"] == 1 and observed["profile"] == "dev" and observed["settings"][0] == 5
@@ -226,3 +226,53 @@ def test_a_checkout_whose_plugin_is_another_checkouts_is_refused_in_one_line(pyt
     assert lines[0].endswith(f"pip install -e {checkout.resolve()}"), lines[0]
     assert "passed" not in output and "test_runs" not in output, output[-3000:]
 
+
+
+# An engine's own test that gets the same kind of warning as the harness's imports and suites cause (a deprecation
+# raised in a torch module): the harness must leave it to the engine's filters.
+_ENGINE_WARNING = '''
+import warnings
+
+
+def test_engines_own_torch_deprecation():
+    warnings.warn_explicit("an engine's own torch deprecation", DeprecationWarning, "torch/engine.py", 1,
+                           module="torch.engine")
+'''
+
+# The engine's conftest.py records the filterwarnings marks of each collected test (in marks.json).
+_FILTER_MARKS_RECORDED = '''
+import json
+
+
+def pytest_collection_finish(session):
+    marks = {item.nodeid: [arg for mark in item.iter_markers("filterwarnings") for arg in mark.args]
+             for item in session.items}
+    with open("marks.json", "w") as handle:
+        json.dump(marks, handle)
+'''
+
+
+def test_the_harness_filters_the_warnings_it_causes_in_an_engines_run_and_only_those(engine: pytest.Pytester,
+                                                                                       monkeypatch):
+    """An engine's run reads the engine's ini, not the harness's: the warnings the harness's own ini filters (torch's
+    deprecations, which its imports and its suites set off: Inductor's torch.jit under torch 2.13) are filtered for
+    the harness's suite items and around its imports only; the engine's own test keeps its warning."""
+    from harness.plugin import warning_filters
+
+    monkeypatch.delenv("CI", raising=False)
+    engine.makepyfile(test_engine_warning=_ENGINE_WARNING)
+    engine.makeconftest(_FILTER_MARKS_RECORDED)
+    output, _, _ = _run(engine, "-p", "harness.plugin", "--device", "cpu", "-k", "typical or engine",
+                        "--pyargs", "harness.suites.gather.test_contract", ".")
+    marks = json.loads((engine.path / "marks.json").read_text())
+    assert {nodeid: filters for nodeid, filters in marks.items() if "test_engine" in nodeid} == {
+        "test_engine.py::test_records": [], "test_engine_warning.py::test_engines_own_torch_deprecation": []}, marks
+    (suite_test,) = (nodeid for nodeid in marks if "test_typical" in nodeid)
+    assert marks[suite_test] == warning_filters.as_ini_lines(), marks
+    assert re.search(r"^\S*test_engine_warning\.py::test_engines_own_torch_deprecation\n +\S+: DeprecationWarning: an "
+                     r"engine's own torch deprecation$", output, re.MULTILINE), output[-3000:]
+    assert re.search(r"^= 3 passed, \d+ deselected, 1 warning =$", output, re.MULTILINE), output[-3000:]
+    # the harness's own ini spells the same filters
+    ini = (ROOT / "pyproject.toml").read_text()
+    assert re.search(r"^filterwarnings = \[\n((?:    \".*\",\n)*)\]$", ini, re.MULTILINE)[1].split() == [
+        f'"{line}",' for line in warning_filters.as_ini_lines()]

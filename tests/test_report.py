@@ -64,7 +64,7 @@ def test_report_is_written_as_json_and_merged_across_xdist_workers(pytester):
     pytester.mkdir("suites/demo")
     (pytester.path / "suites/demo/test_demo.py").write_text(_SUITE)
     result = pytester.runpytest_subprocess("suites", "-n", "2", "-p", "no:cacheprovider", "-o", "junit_family=xunit1",
-                                           "--harness-report", "out/report.json", "--junitxml", "out/junit.xml")
+                                           "--harness-report=out/report.json", "--junitxml", "out/junit.xml")
     result.stdout.fnmatch_lines(["*harness run report*", "*demo*1 passed, 1 failed*",
                                  "*largest bfloat16 error 0.00781*"])
     report = json.loads((pytester.path / "out/report.json").read_text())

@@ -193,4 +193,6 @@ def test_rootdir_only_for_a_checkouts_suites(monkeypatch, tmp_path, checkout):
     words = shlex.split(failures.reproduce_command(config, installed))
     assert words[0] == f"PYTHONPATH={tmp_path / 'src'}" and words[4] == installed
     assert ("--rootdir" in words) == checkout
+    # no cache: the rootdir pytest finds for a wheel's suite file may be that file's folder, in the installed package
+    assert ("no:cacheprovider" in words) == (not checkout)
     assert words[words.index("--impl") + 1] == "gather=my_engine:gather"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
@@ -307,16 +308,32 @@ def test_children_get_the_callers_pythonpath_made_absolute(monkeypatch: pytest.M
     assert environment["PYTHONPATH"].split(os.pathsep) == [str(tmp_path), str(tmp_path / "src")]
 
 
-def test_a_matrix_stopped_from_outside_says_which_runs_were_in_flight_and_where():
+def test_a_matrix_stopped_from_outside_says_which_runs_were_in_flight_and_where(tmp_path: Path):
     """A CI step's limit stops the matrix with SIGTERM: it names each run still going, for how long, and the last
     test phase that run reported, then exits as the signal would (the progress lines only say what finished)."""
     root = Path(__file__).resolve().parent.parent
-    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    # The matrix's temporary folders are made here, so that the report log of its first run shows it under way.
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
+                   "TMPDIR": str(scratch)}
     child = subprocess.Popen([sys.executable, "-m", "harness", "selfcheck", "--component", "gather", "--jobs", "1",
                               "--no-fork-server", "--keep-hints"], cwd=root, env=environment,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        time.sleep(12)  # the gather reference's suite is under way (it takes longer than this alone)
+        # The reference's run is in flight once its pytest has written a test phase to its report log: the first
+        # log of the matrix, where the reference runs in the mutants' one slot (first), and otherwise beside them,
+        # started before them (selfcheck.run_selfcheck). Waited for, however long the machine takes; the bound only
+        # ends a matrix that never gets there.
+        deadline = time.monotonic() + 480  # within the test's own limit (600 s), to say which step never came
+        while not any(child_runs.phase_reports(child_runs.read_report_log(log))
+                      for log in scratch.glob("*/reports.jsonl")):
+            assert time.monotonic() < deadline, "no run of the matrix reported a test phase within 480 s"
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.wait(timeout=0.2)  # the poll's pace; a matrix that ended first is a failure
+                stdout, stderr = child.communicate()
+                pytest.fail(f"the matrix ended (exit {child.returncode}) before any run was under way: "
+                            f"{(stdout + stderr)[-2000:]}")
         child.terminate()
         stdout, stderr = child.communicate(timeout=60)
     finally:

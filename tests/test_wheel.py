@@ -12,8 +12,10 @@ is checked on the metadata.
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -57,20 +59,33 @@ def _run(command: list[str], *, cwd: Path, env: dict[str, str], timeout: int = 9
     return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+def _readme_wheel_commands() -> tuple[list[str], str]:
+    """The README's build of the harness's wheel from a checkout (its engine's-CI commands and its workflow write the
+    same line) and the wheel file its install names: the build's words, the file's pattern."""
+    text = (ROOT / "README.md").read_text()
+    builds = set(re.findall(r"^ *(pip wheel [^#\n]*?) *$", text, re.MULTILINE))
+    installs = set(re.findall(r"^ *pip install (?:-e \. )?(dist/llm_graph_harness-\S*\.whl)$", text, re.MULTILINE))
+    assert len(builds) == 1 and len(installs) == 1, ("the README builds and installs the wheel in one way",
+                                                     builds, installs)
+    return shlex.split(builds.pop()), installs.pop()
+
+
 def _build_wheel(tmp_path_factory) -> Path:
-    """The wheel, built from a copy of the source tree (a stale build/ of the checkout cannot leak in)."""
-    source = tmp_path_factory.mktemp("source") / "llm-graph-harness"
-    shutil.copytree(ROOT, source, ignore=_IGNORED)
-    out = tmp_path_factory.mktemp("dist")
-    # The running environment's setuptools builds it (no build environment to download); pip falls back to
-    # an isolated build where that setuptools is too old.
-    completed = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out),
-                      str(source)], cwd=out, env=dict(os.environ))
+    """The wheel, built by the README's command from a copy of the source tree named as the README's checkout (a
+    stale build/ of the checkout cannot leak in), in the folder the README runs it from."""
+    command, installed = _readme_wheel_commands()
+    assert command[:2] == ["pip", "wheel"], command
+    base = tmp_path_factory.mktemp("engine-repository")
+    shutil.copytree(ROOT, base / command[-1], ignore=_IGNORED)
+    pip = [sys.executable, "-m", *command]  # the pip of this interpreter, whose environment has the dependencies
+    completed = _run(pip, cwd=base, env=dict(os.environ))
     if completed.returncode != 0:
-        completed = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(source)],
-                         cwd=out, env=dict(os.environ))
+        # Where no package index is reachable (a GPU runner), pip cannot make the isolated build environment the
+        # command asks for: the same command then builds with this environment's setuptools (pip reads
+        # PIP_NO_BUILD_ISOLATION=0 as --no-build-isolation).
+        completed = _run(pip, cwd=base, env={**os.environ, "PIP_NO_BUILD_ISOLATION": "0"})
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
-    (built,) = out.glob("llm_graph_harness-*.whl")
+    (built,) = base.glob(installed)
     return built
 
 
@@ -176,9 +191,12 @@ def _check_outside_modules(python: Path, env: dict[str, str], tmp_path: Path) ->
     assert reproduce[1].startswith(f"PYTHONPATH={engine.resolve()} ") and "--rootdir" not in reproduce[1]
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    pasted = _run(["bash", "-c", f"{reproduce[1]} -p no:cacheprovider"], cwd=elsewhere,
+    pasted = _run(["bash", "-c", reproduce[1]], cwd=elsewhere,
                   env={key: value for key, value in env.items() if key != "PYTHONPATH"})
     assert pasted.returncode == 1 and "MismatchError" in pasted.stdout, (pasted.stdout + pasted.stderr)[-5000:]
+    # The suite's conftest, imported before collection as the path argument's, sets off no warning the harness causes
+    # (torch's deprecations: the engine's run has no harness ini to filter them; harness.plugin.warning_filters).
+    assert "DeprecationWarning" not in pasted.stdout, pasted.stdout[-5000:]
     assert re.search(r"^  gather +1 failed$", output, re.MULTILINE), output[-3000:]
 
 
@@ -209,6 +227,66 @@ def _check_selfcheck_run(python: Path, env: dict[str, str], tmp_path: Path) -> N
     assert completed.stdout.split()[:2] == ["killed", "True"], completed.stdout
 
 
+def _installed_package(python: Path) -> Path:
+    (package,) = (python.parent.parent / "lib").glob("python*/site-packages/harness")
+    return package
+
+
+def _tree(folder: Path) -> dict[str, tuple[int, int] | None]:
+    """Every file under ``folder`` with its size and modification time, every folder by its name; but for bytecode
+    caches (``__pycache__``): pytest writes the modules it rewrites there beside every plugin's (xdist's and
+    syrupy's too), Python its own, neither the harness."""
+    tree: dict[str, tuple[int, int] | None] = {}
+    for path in folder.rglob("*"):
+        relative = path.relative_to(folder)
+        if "__pycache__" not in relative.parts:
+            status = path.lstat()
+            tree[relative.as_posix()] = None if path.is_dir() else (status.st_size, status.st_mtime_ns)
+    return tree
+
+
+def _check_nothing_written(before: dict[str, tuple[int, int] | None], package: Path, *, by: str) -> None:
+    after = _tree(package)
+    added, removed = sorted(set(after) - set(before)), sorted(set(before) - set(after))
+    changed = sorted(name for name in set(before) & set(after) if before[name] != after[name])
+    assert not (added or removed or changed), (
+        f"{by} wrote into the installed package {package}: {len(added)} added {added[:8]}, {len(removed)} removed "
+        f"{removed[:8]}, {len(changed)} changed {changed[:8]}")
+
+
+def _check_a_child_run_writes_into_the_engines_folder(python: Path, env: dict[str, str], tmp_path: Path) -> None:
+    """A child run of selfcheck's (in the suites' root, the installed package) of the engine's broken gather through a
+    hypothesis test: hypothesis caches the constants of the engine's module, which is outside site-packages, in its
+    storage, which is in the folder the run was started from, and nothing goes into the package."""
+    package = _installed_package(python)
+    before = _tree(package)
+    killing = "suites/gather/test_contract.py::test_matches_eager_oracle_over_the_contract[no-hidden]"
+    script = ("from harness import impls, locations, selfcheck\n"
+              "impl = impls.load('gather', 'engine_ops:broken_gather')\n"
+              "outcome = selfcheck.run_one(impl, graph_backend='emulated', device='cpu', "
+              f"root=locations.project_root(), first={killing!r})\n"
+              "print(outcome.verdict, outcome.first_failure)\n")
+    completed = _run([str(python), "-c", script], cwd=tmp_path, env=env)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert completed.stdout.split() == ["killed", killing], completed.stdout
+    _check_nothing_written(before, package, by="a selfcheck child run")
+    assert (tmp_path / ".hypothesis").is_dir()
+
+
+def _check_selfcheck_writes_into_the_engines_folder(python: Path, env: dict[str, str], tmp_path: Path) -> None:
+    """``python -m harness selfcheck`` from an engine's (empty) folder: its children's hypothesis storage and its
+    hints cache go there, nothing into the installed package."""
+    package = _installed_package(python)
+    before = _tree(package)
+    completed = _run([str(python), "-m", "harness", "selfcheck", "--component", "gather", *_CPU], cwd=tmp_path,
+                     env=env)
+    assert completed.returncode == 0, (completed.stdout + completed.stderr)[-5000:]
+    _check_nothing_written(before, package, by="python -m harness selfcheck")
+    assert (tmp_path / ".hypothesis").is_dir()
+    hints = json.loads((tmp_path / ".harness_cache" / "selfcheck-hints.json").read_text())
+    assert {entry["component"] for entry in hints["kills"]} == {"gather"}, hints
+
+
 # The limits are wall time on a shared machine, which a loaded small machine stretches far beyond the tests' CPU
 # time.
 pytestmark = pytest.mark.timeout(1200)
@@ -230,6 +308,16 @@ def test_the_wheel_carries_the_suites_goldens_baselines_and_plugin(wheel: Path):
     _check_contents(wheel)
 
 
+def test_the_readmes_build_makes_the_wheel_these_checks_install(wheel: Path, installed):
+    """The README's own commands, not a build of the tests' own: ``wheel`` is what its ``pip wheel`` line made, the
+    file its install line names, and that is what is installed here."""
+    _, pattern = _readme_wheel_commands()
+    assert wheel.match(pattern), (wheel, pattern)
+    python, env = installed
+    completed = _run([str(python), "-m", "harness", "--version"], cwd=wheel.parent, env=env)
+    assert completed.stdout.split() == ["llm-graph-harness", wheel.name.split("-")[1]], completed.stdout
+
+
 def test_the_installed_harness_lists_its_components_from_its_own_folder(installed, tmp_path: Path):
     _check_list_and_location(*installed, tmp_path)
 
@@ -241,6 +329,17 @@ def test_an_engines_modules_run_under_the_installed_suites_and_reproduce(install
 
 def test_a_selfcheck_run_from_the_wheel_starts_with_the_shipped_killing_test(installed, tmp_path: Path):
     _check_selfcheck_run(*installed, tmp_path)
+
+
+def test_a_selfcheck_child_run_from_the_wheel_writes_nothing_into_the_installed_package(installed, tmp_path: Path):
+    _check_a_child_run_writes_into_the_engines_folder(*installed, tmp_path)
+
+
+# The kill matrix of one component, its reference's whole suite included: slow_child, as the next one.
+@pytest.mark.slow_child
+@pytest.mark.long_running
+def test_selfcheck_from_an_engines_folder_writes_nothing_into_the_installed_package(installed, tmp_path: Path):
+    _check_selfcheck_writes_into_the_engines_folder(*installed, tmp_path)
 
 
 # The whole packaged gather suite on the reference, compiles included: most of this file's CPU time (a minute

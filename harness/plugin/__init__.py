@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from harness import components, locations
-from harness.plugin import implementations, options, session, xdist_order
+from harness.plugin import implementations, options, session, warning_filters, xdist_order
 
 if TYPE_CHECKING:
     import torch
@@ -44,10 +44,26 @@ MARKERS = {
 _ANNOUNCED = pytest.StashKey[bool]()
 
 
+# trylast: inside pytest's own wrapper, which records the warnings under the run's filters (its own go on top)
+@pytest.hookimpl(wrapper=True, trylast=True)
+def pytest_load_initial_conftests(early_config: pytest.Config) -> Generator[None, None, None]:
+    # pytest imports the conftest.py of each path argument before collection: a suite's, given by its path (a
+    # reproduce line names an installed suite's file), imports the harness and torch's compiler. Filtered only where
+    # every path argument lies in the suites, so that an engine's own conftest keeps its warnings.
+    invoked = Path(early_config.invocation_params.dir)
+    paths = [invoked / str(word).split("::")[0] for word in early_config.known_args_namespace.file_or_dir]
+    given = [path for path in paths if path.exists()]
+    if not given or not all(map(session.in_suites, given)):
+        return (yield)
+    with warning_filters.filtered():
+        return (yield)
+
+
 @pytest.hookimpl(tryfirst=True)  # before hypothesis's plugin loads the profile, so a bad name is one line
 def pytest_configure(config: pytest.Config) -> None:
     for name, meaning in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {meaning}")
+    options.refuse_separate_path_values(config)  # before anything acts on the rootdir it may have moved
     if session.wanted_at_start(config):
         session.activate(config)
     elif config.getoption("hypothesis_profile", None):
@@ -62,12 +78,25 @@ def pytest_collectstart(collector: pytest.Collector) -> None:
         session.activate(collector.config)
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> Generator[None, pytest.CollectReport,
+                                                                         pytest.CollectReport]:
+    # A suite's conftest and test modules import the harness, which imports torch and compiles at import.
+    if session.current_session(collector.config) is None or not session.in_suites(collector.path):
+        return (yield)
+    with warning_filters.filtered():
+        return (yield)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if session.current_session(config) is None and any(map(session.uses_harness_fixtures, items)):
         session.activate(config)
     if session.current_session(config) is not None:
         from harness.plugin.profiles import apply_reproduce_failure
 
+        for item in items:
+            if session.in_suites(item.path):
+                warning_filters.mark(item)
         apply_reproduce_failure(config, items)
         # last: the order of what is left to run (a suite's long tests first, its rank-pool tests on one worker)
         xdist_order.order_for_workers(config, items)

@@ -17,8 +17,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ChildRun", "absolute_pythonpath", "child_environment", "pytest_command", "run", "stop",
-           "lower_priority", "read_report_log", "phase_reports", "failed_nodeids", "why_it_did_not_run"]
+from harness import locations
+
+__all__ = ["ChildRun", "HYPOTHESIS_STORAGE", "absolute_pythonpath", "child_environment", "pytest_command", "run",
+           "stop", "lower_priority", "read_report_log", "phase_reports", "failed_nodeids", "why_it_did_not_run"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,12 +37,21 @@ def absolute_pythonpath(value: str, start: str | Path) -> str:
     return os.pathsep.join(os.path.normpath(os.path.join(start, entry)) for entry in value.split(os.pathsep))
 
 
+# hypothesis's own variable naming the folder of its storage (example database, constants cache); unset, it is
+# ``.hypothesis`` in the current folder.
+HYPOTHESIS_STORAGE = "HYPOTHESIS_STORAGE_DIRECTORY"
+
+
 def child_environment() -> dict[str, str]:
-    """This process's environment for a child started in another folder (the suites' root): ``PYTHONPATH``
-    with every entry absolute, so the child finds the modules this process was pointed at."""
+    """This process's environment for a child started in another folder (the suites' root, an installed package
+    from a wheel): ``PYTHONPATH`` with every entry absolute, so the child finds the modules this process was pointed
+    at, and :data:`HYPOTHESIS_STORAGE` absolute: the caller's own where set, else ``.hypothesis`` in
+    :func:`harness.locations.state_dir`, so that nothing is written into the suites' root."""
     environment = dict(os.environ)
     if environment.get("PYTHONPATH"):
         environment["PYTHONPATH"] = absolute_pythonpath(environment["PYTHONPATH"], Path.cwd())
+    storage = environment.get(HYPOTHESIS_STORAGE) or locations.state_dir() / ".hypothesis"
+    environment[HYPOTHESIS_STORAGE] = str(Path.cwd() / storage)
     return environment
 
 

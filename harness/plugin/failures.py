@@ -26,11 +26,11 @@ def reproduce_command(config: pytest.Config, nodeid: str, *, replay: tuple[str, 
     It starts with ``PYTHONPATH=...`` when that is set (each entry absolute, see :func:`absolute_pythonpath`)
     and this session's interpreter (``python -m pytest``), names the test by absolute path, with ``--rootdir``
     for a test of a checkout (so the root conftest and the pytest options of the project apply wherever it is
-    run; not for an installed wheel's suites), the device, backend and implementations, the
-    hypothesis profile, the engine's own golden folder (``--golden-dir``, absolute, also where the ini
-    named it), and, for a hypothesis failure, ``--reproduce-failure VERSION:BLOB`` (replays
-    the falsifying example without the local example database, no search, no shrinking) or the
-    ``--hypothesis-seed`` that found it. ``nodeid`` may start with the test file's absolute path (see
+    run; not for an installed wheel's suites, whose line keeps pytest's cache off instead), the device, backend and
+    implementations, the hypothesis profile, the engine's own golden folder (``--golden-dir``, absolute, also where
+    the ini named it), and, for a hypothesis failure, ``--reproduce-failure VERSION:BLOB`` (replays the falsifying
+    example without the local example database, no search, no shrinking) or the ``--hypothesis-seed`` that found
+    it. ``nodeid`` may start with the test file's absolute path (see
     :func:`file_node_id`).
     """
     from harness.plugin.profiles import current_hypothesis_profile, given_replay
@@ -49,6 +49,10 @@ def reproduce_command(config: pytest.Config, nodeid: str, *, replay: tuple[str, 
     # line is pasted
     if locations.is_checkout():
         parts += ["--rootdir", str(root)]
+    else:
+        # pytest then takes the rootdir from the suite file and the folder the line is pasted in: where their only
+        # common folder is /, the suite's own folder, inside the installed package, which its cache must not go into
+        parts += ["-p", "no:cacheprovider"]
     parts += ["--device", session.device.type, "--graph-backend", session.backend.name]
     for component, spec in session.impl_specs.items():
         parts += ["--impl", f"{component}={spec}"]
@@ -131,8 +135,8 @@ def _golden_hint(item: pytest.Item, update: str) -> str:
         return (f"the output does not match {named}, a golden of the installed harness, which --snapshot-update "
                 "does not rewrite. If your implementation differs from the reference where the contract leaves it "
                 "open, keep goldens of your own: record them with\n"
-                f"  {update} --snapshot-update --golden-dir PATH\n"
-                "then review and commit PATH, and run with --golden-dir PATH (or harness_golden_dir = PATH in your "
+                f"  {update} --snapshot-update --golden-dir=PATH\n"
+                "then review and commit PATH, and run with --golden-dir=PATH (or harness_golden_dir = PATH in your "
                 "pytest ini); if not, the implementation changed behaviour.")
     if files and not any(path.is_file() for path in files):
         return (f"no golden {named} in {shown}. Record it with\n  {update} --snapshot-update\n"

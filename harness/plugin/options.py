@@ -16,19 +16,24 @@ from harness import impls
 from harness.devices import BACKEND_CHOICES, DEVICE_CHOICES, EXPERTS_IMPLEMENTATIONS, EXPERTS_VARIABLE
 
 __all__ = ["GOLDEN_DIR_INI", "add_harness_option", "add_ini_settings", "add_options", "given_golden_dir",
-           "given_options"]
+           "given_options", "path_options", "refuse_separate_path_values"]
 
 # Every option of the harness (flag -> default), filled by add_harness_option: one given activates the harness.
 _OPTION_DEFAULTS: dict[str, Any] = {}
+# The options whose value is a path (metavar PATH), filled by add_harness_option: their value must be joined to them.
+_PATH_OPTIONS: dict[str, None] = {}
 # The ini setting naming an engine's own golden folder (``--golden-dir`` wins over it).
 GOLDEN_DIR_INI = "harness_golden_dir"
 
 
 def add_harness_option(parser: pytest.Parser, *names: str, **attrs: Any) -> None:
     """Add an option to the harness's group; giving it on the command line (or in ``addopts``, or
-    ``PYTEST_ADDOPTS``) activates the harness."""
+    ``PYTEST_ADDOPTS``) activates the harness. An option whose ``metavar`` is ``PATH`` takes its value joined to it
+    (:func:`refuse_separate_path_values`)."""
     parser.getgroup("harness", "LLM graph-optimisation harness").addoption(*names, **attrs)
     _OPTION_DEFAULTS[names[0]] = attrs.get("default")
+    if attrs.get("metavar") == "PATH":
+        _PATH_OPTIONS[names[0]] = None
 
 
 def add_options(parser: pytest.Parser) -> None:
@@ -85,3 +90,23 @@ def given_options(config: pytest.Config) -> list[str]:
     return [flag for flag, default in _OPTION_DEFAULTS.items()
             if config.getoption(flag, default) != default
             or any(word == flag or word.startswith(flag + "=") for word in words)]
+
+
+def path_options() -> list[str]:
+    """The harness's options whose value is a path (``--golden-dir``, ``--harness-report``, ...)."""
+    return list(_PATH_OPTIONS)
+
+
+def refuse_separate_path_values(config: pytest.Config) -> None:
+    """Refuse a path option of the harness written as two words (``--harness-report PATH``) on the command line or in
+    ``PYTEST_ADDOPTS``, in one line naming the option and the joined form. pytest looks for its rootdir and ini file
+    before it knows a plugin's options, so there the separate value counts as a test path: an existing file or
+    folder moves the rootdir (another ini, or none, and node ids relative to elsewhere), under ``--pyargs`` too."""
+    for where, words in (("", [str(word) for word in config.invocation_params.args]),
+                         (" in PYTEST_ADDOPTS", shlex.split(os.environ.get("PYTEST_ADDOPTS", "")))):
+        for word, value in zip(words, words[1:]):
+            if word in _PATH_OPTIONS:
+                raise pytest.UsageError(
+                    f"{word} {value}{where}: join the path to its option, {word}={shlex.quote(value)}: pytest reads "
+                    "a separate value as a test path while it looks for its rootdir and ini file, before the "
+                    "harness's options are known, so an existing path there moves the rootdir")

@@ -15,6 +15,7 @@ from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.errors import InvalidArgument
 
 from harness.errors import UsageError
+from harness.plugin.child_runs import HYPOTHESIS_STORAGE
 
 __all__ = ["HYPOTHESIS_PROFILES", "apply_reproduce_failure", "capped_examples", "check_reproduce_failure",
            "current_hypothesis_profile", "given_replay", "load_hypothesis_profile", "register_hypothesis_profiles",
@@ -35,8 +36,10 @@ def _profiles() -> dict[str, settings]:
     return {
         "dev": settings(max_examples=5, **common),
         "ci": settings(max_examples=25, derandomize=True, database=None, phases=no_shrinking, **common),
-        "nightly": settings(max_examples=400,
-                            database=DirectoryBasedExampleDatabase(os.path.join(".hypothesis", "nightly")), **common),
+        # beside hypothesis's own storage (HYPOTHESIS_STORAGE, which the harness's child runs get), not
+        # in the current folder, which is the suites' root (an installed package) in a child run
+        "nightly": settings(max_examples=400, database=DirectoryBasedExampleDatabase(
+            os.path.join(os.environ.get(HYPOTHESIS_STORAGE) or ".hypothesis", "nightly")), **common),
     }
 
 

@@ -16,6 +16,7 @@ import pytest
 from harness import impls, locations
 from harness.devices import EXPERTS_VARIABLE, experts_implementation, resolve, use_one_compile_worker
 from harness.errors import HarnessError, UsageError
+from harness.plugin import warning_filters
 from harness.plugin.options import GOLDEN_DIR_INI, given_golden_dir, given_options
 
 if TYPE_CHECKING:
@@ -165,7 +166,7 @@ def check_golden_dir(config: pytest.Config) -> Path | None:
             where = packaged / "golden" if folder is None else folder
             raise UsageError(
                 f"--snapshot-update would write the goldens into the installed harness ({where}); keep goldens of "
-                f"your own: add --golden-dir PATH (e.g. --golden-dir tests/harness-goldens), or {GOLDEN_DIR_INI} = "
+                f"your own: add --golden-dir=PATH (e.g. --golden-dir=tests/harness-goldens), or {GOLDEN_DIR_INI} = "
                 "PATH in your pytest ini, record them with --snapshot-update and commit them")
     return folder
 
@@ -177,6 +178,11 @@ def activate(config: pytest.Config) -> HarnessSession:
     now on. Called before the suites' modules are imported (their ``@settings`` read the profile)."""
     if SESSION_KEY in config.stash:
         return config.stash[SESSION_KEY]
+    with warning_filters.filtered():  # what torch warns of while the harness imports it and loads the --impl
+        return _activate(config)
+
+
+def _activate(config: pytest.Config) -> HarnessSession:
     try:
         check_plugin_checkout(config.rootpath)
     except HarnessError as error:

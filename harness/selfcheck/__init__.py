@@ -38,7 +38,8 @@ KILL_MATRIX_PATH = Path("golden") / "selfcheck" / "kill_matrix.json"
 HINTS_PATH = KILL_MATRIX_PATH  # its name before the machine's timings moved out of it
 # This machine's hints, rewritten by every run and never committed (a folder with its own .gitignore, as
 # .pytest_cache): each killed mutant's last killing test and seconds to kill, and whether that kill was slow.
-# Missing or unreadable, it is only a slower start; relative to the project root.
+# Missing or unreadable, it is only a slower start; relative to the folder of this machine's state
+# (harness.locations.state_dir: a checkout's root, else the folder selfcheck runs from).
 HINTS_CACHE_PATH = Path(".harness_cache") / "selfcheck-hints.json"
 # Concurrent pytest processes per GPU (never more than the cores): the suites' kernels are tiny, so a
 # mutant's run is mostly process start-up, imports and capture on the host; eight share an H200 well.
@@ -408,7 +409,7 @@ def judge(outcomes: list[Outcome]) -> list[Outcome]:
 
 
 def run_selfcheck(*, components: list[str], graph_backend: str, device: str, jobs: int | None,
-                  root: Path, test_timeout: float | None = TEST_SECONDS,
+                  root: Path, state: Path | None = None, test_timeout: float | None = TEST_SECONDS,
                   process_timeout: float | None = PROCESS_SECONDS, fork_server: bool = True,
                   on_finished: Callable[[Outcome], None] | None = None) -> list[Outcome]:
     """The reference and every mutant of each component, ``jobs`` processes at once (limits: :func:`run_one`).
@@ -420,12 +421,12 @@ def run_selfcheck(*, components: list[str], graph_backend: str, device: str, job
     (:mod:`harness.selfcheck.fork_server`); the references always start as plain processes. Mutants whose last
     kill was slow here (:data:`SLOW_KILL_SECONDS`, from the hints cache :data:`HINTS_CACHE_PATH`) start first,
     the slowest first; where the references run beside the mutants' slots, the mutants run at a lower CPU
-    priority (:data:`MUTANT_NICENESS`)."""
+    priority (:data:`MUTANT_NICENESS`). The hints cache is read in ``state`` (default: ``root``)."""
     placement = resolve(device=device, graph_backend=graph_backend)  # the children get what it resolved to
     device, graph_backend = placement.device_type, placement.graph_backend
     backend = graph_backend
     jobs = jobs or default_jobs(device)
-    hints, cached = read_hints(root), read_hints_cache(root)
+    hints, cached = read_hints(root), read_hints_cache(root if state is None else state)
     references, mutants, skipped = [], [], []
     for component in components:
         registered = impls.implementations(component)

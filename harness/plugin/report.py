@@ -1,6 +1,6 @@
 """The run report: what ran, what passed per component, how close results came to their tolerances.
 
-Printed at the end of an active run, written as JSON with ``--harness-report PATH``, merged across
+Printed at the end of an active run, written as JSON with ``--harness-report=PATH``, merged across
 pytest-xdist workers; :func:`format_markdown` renders it (and a kill matrix) for a CI step summary."""
 
 from __future__ import annotations

@@ -145,3 +145,18 @@ def test_with_nothing_recorded_the_missing_golden_fails_as_any_missing_golden(pr
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*no golden golden/demo/test_demo/test_matrix?cpu-transformers-5.24.0?.json*"])
     assert "has no record of its own" not in result.stdout.str()
+
+
+def test_a_checkout_run_names_the_upstream_versions_that_moved_from_its_pins(project):
+    import importlib.metadata
+
+    project.runpytest("--snapshot-update", "-p", "no:cacheprovider").assert_outcomes(passed=1)
+    (project.path / "constraints.txt").write_text("transformers==0.0.1\npytest==" + importlib.metadata.version("pytest")
+                                                  + "\n")
+    result = project.runpytest("-p", "no:cacheprovider", "--harness-report=report.json")
+    result.assert_outcomes(passed=1)
+    installed = importlib.metadata.version("transformers")
+    result.stdout.fnmatch_lines([f"*upstream drift: transformers {installed} (pinned 0.0.1) in constraints.txt*"])
+    assert "pytest " + importlib.metadata.version("pytest") + " (pinned" not in result.stdout.str()
+    report = json.loads((project.path / "report.json").read_text())
+    assert f"| transformers | 0.0.1 | {installed} | **newer** |" in format_markdown(report)

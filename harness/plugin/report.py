@@ -24,6 +24,7 @@ __all__ = ["RunReport", "format_text", "format_markdown", "annotations", "write_
 
 _WORKER_KEY = "harness_report"
 _DRIFT_FIELDS = ("golden", "where", "device_class", "kind", "differences", "record")
+_CONSTRAINTS = "constraints.txt"  # a checkout's pins, beside pyproject.toml
 _SHOWN_DIFFERENCES = 20  # per drifted record in the terminal; the JSON report keeps them all
 
 
@@ -257,6 +258,7 @@ class RunReport:
                 "deleted": sorted({name for part in parts for name in part["deleted"]}),
             },
             "exit_status": int(session.exitstatus),
+            "pins": _pins(self.config.rootpath),
         }
         path = self.config.getoption("--harness-report")
         if path:
@@ -331,12 +333,31 @@ def _outcome_cells(counts: dict[str, int]) -> str:
     return ", ".join(f"{counts[k]} {k}" for k in ("passed", "failed", "error", "skipped") if counts.get(k))
 
 
+def _pins(root: Path) -> dict[str, str]:
+    """The pins of the checkout's ``constraints.txt`` (the versions its goldens were recorded with); none where the
+    run's rootdir has no such file (an engine's repository)."""
+    from harness.upstream import read_pins
+
+    path = root / _CONSTRAINTS
+    return read_pins(path) if path.is_file() else {}
+
+
+def _moved_from_pins(report: dict[str, Any]) -> list[str]:
+    pins = report.get("pins") or {}
+    return [f"{name} {version} (pinned {pins[name]})" for name, version in report["setup"].get("upstream", {}).items()
+            if name in pins and version != pins[name]]
+
+
 def format_text(report: dict[str, Any]) -> str:
     """The report as the terminal shows it."""
     setup = report["setup"]
     lines = [f"device {setup['device']} ({setup['device_class']}), graph backend {setup['graph_backend']}, "
              f"torch {setup['torch']}, transformers {setup['transformers']}, "
              f"implementations {setup['implementations']}, hypothesis profile {setup.get('hypothesis_profile', '?')}"]
+    moved = _moved_from_pins(report)
+    if moved:
+        lines.append(f"  upstream drift: {', '.join(moved)} in {_CONSTRAINTS}; records are compared by release "
+                     "(README, Upstream versions)")
     for component, counts in report["outcomes"].items():
         lines.append(f"  {component:<12} {_outcome_cells(counts) or 'nothing ran'}")
     for dtype_name, entry in report["errors"].items():
@@ -373,6 +394,7 @@ def format_markdown(report: dict[str, Any] | None = None, kill_matrix: list[dict
                 f"device `{setup['device']}` ({setup['device_class']}), graph backend `{setup['graph_backend']}`, "
                 f"torch {setup['torch']}, transformers {setup['transformers']}, "
                 f"implementations `{setup['implementations']}`", ""]
+        pins = pins if pins is not None else report.get("pins") or None
         if pins is not None:
             out += _upstream_table(setup.get("upstream", {}), pins)
         out += [

@@ -85,3 +85,32 @@ def rewrite_module():
         os.utime(path, ns=(later, later))
 
     return rewrite
+
+
+_GOLDEN_PROJECT_CONFTEST = '''
+import pytest
+{head}
+pytest_plugins = ["harness.plugin.report"]
+
+@pytest.fixture
+def snapshot(snapshot):
+    from harness.golden import GoldenExtension
+    return snapshot.use_extension(GoldenExtension)
+'''
+
+
+@pytest.fixture
+def golden_project(pytester):
+    """``golden_project(suite, conftest_head="", addopts="--device cpu")`` -> pytester: a project whose one suite
+    module ``suites/demo/test_demo.py`` is ``suite``, with the ``snapshot`` fixture on the harness's golden
+    extension (goldens in ``golden/demo``) and the run report, ``conftest_head`` run first in its conftest; every
+    run of it is a harness run (a harness option in addopts)."""
+    def make(suite: str, *, conftest_head: str = "", addopts: str = "--device cpu"):
+        pytester.makeconftest(_GOLDEN_PROJECT_CONFTEST.format(head=conftest_head))
+        pytester.mkdir("suites")
+        pytester.mkdir("suites/demo")
+        (pytester.path / "suites/demo/test_demo.py").write_text(suite)
+        pytester.makeini(f"[pytest]\ntestpaths = suites\naddopts = {addopts}\n")
+        return pytester
+
+    return make

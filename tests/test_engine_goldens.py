@@ -25,11 +25,9 @@ pytest_plugins = ["pytester"]
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = "demo/test_demo/test_logits[0.0].json"  # below a golden folder, mirroring suites/
 
-_PROJECT_CONFTEST = '''
+_CONFTEST_HEAD = '''
 import os
 from pathlib import Path
-
-import pytest
 
 if os.environ.get("SIMULATE_WHEEL"):  # the harness as a wheel installs it: its goldens inside the package
     from harness import locations
@@ -37,25 +35,12 @@ if os.environ.get("SIMULATE_WHEEL"):  # the harness as a wheel installs it: its 
     locations.is_checkout = lambda: False
     if os.environ["SIMULATE_WHEEL"] == "here":  # and this project stands for the installed package
         locations.project_root = lambda: Path(__file__).resolve().parent
-
-pytest_plugins = ["harness.plugin.report"]
-
-@pytest.fixture
-def snapshot(snapshot):
-    from harness.golden import GoldenExtension
-    return snapshot.use_extension(GoldenExtension)
 '''
 
 
-
 @pytest.fixture
-def project(pytester):
-    pytester.makeconftest(_PROJECT_CONFTEST)
-    pytester.mkdir("suites")
-    pytester.mkdir("suites/demo")
-    (pytester.path / "suites/demo/test_demo.py").write_text(_SUITE)
-    pytester.makeini("[pytest]\ntestpaths = suites\naddopts = --device cpu -p no:cacheprovider\n")
-    return pytester
+def project(golden_project):
+    return golden_project(_SUITE, conftest_head=_CONFTEST_HEAD, addopts="--device cpu -p no:cacheprovider")
 
 
 def _goldens(folder: Path) -> list[str]:

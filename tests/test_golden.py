@@ -102,16 +102,6 @@ def test_syrupy_exclude_and_matcher_hooks_are_honoured():
     assert data["plan"]["id"] == "object"
 
 
-_PROJECT_CONFTEST = '''
-import pytest
-pytest_plugins = ["harness.plugin.report"]
-
-@pytest.fixture
-def snapshot(snapshot):
-    from harness.golden import GoldenExtension
-    return snapshot.use_extension(GoldenExtension)
-'''
-
 _SUITE = '''
 import torch
 import pytest
@@ -124,14 +114,8 @@ def test_logits(snapshot, shift):
 
 
 @pytest.fixture
-def project(pytester):
-    pytester.makeconftest(_PROJECT_CONFTEST)
-    pytester.mkdir("suites")
-    pytester.mkdir("suites/demo")
-    (pytester.path / "suites/demo/test_demo.py").write_text(_SUITE)
-    # a harness option in addopts: every run of this project is a harness run (harness.plugin.session.activate)
-    pytester.makeini("[pytest]\ntestpaths = suites\naddopts = --device cpu\n")
-    return pytester
+def project(golden_project):
+    return golden_project(_SUITE)
 
 
 def _golden_files(root):

@@ -49,16 +49,6 @@ def test_the_repository_constraints_pin_every_upstream_package_but_torch():
     assert "torch" not in pins
 
 
-_PROJECT_CONFTEST = '''
-import pytest
-pytest_plugins = ["harness.plugin.report"]
-
-@pytest.fixture
-def snapshot(snapshot):
-    from harness.golden import GoldenExtension
-    return snapshot.use_extension(GoldenExtension)
-'''
-
 # A result that depends on "transformers"' code: which stacks capture.
 _SUITE = '''
 from harness.golden import assert_upstream_golden
@@ -71,12 +61,8 @@ def test_matrix(snapshot):
 
 
 @pytest.fixture
-def project(pytester, monkeypatch):
-    pytester.makeconftest(_PROJECT_CONFTEST)
-    pytester.mkdir("suites")
-    pytester.mkdir("suites/demo")
-    (pytester.path / "suites/demo/test_demo.py").write_text(_SUITE)
-    pytester.makeini("[pytest]\ntestpaths = suites\naddopts = --device cpu\n")
+def project(golden_project, monkeypatch):
+    pytester = golden_project(_SUITE)
     installed = {"transformers": (5, 24, 0)}
     monkeypatch.setattr(upstream, "installed_version", lambda package: installed.get(package))
     pytester.installed = installed

@@ -5,6 +5,7 @@ the drift summary sets the installed versions beside the constraints file's pins
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 # pytester's in-process runs restore sys.modules after each test: imported here, hypothesis and torch (which the
@@ -146,3 +147,21 @@ def test_a_checkout_run_names_the_upstream_versions_that_moved_from_its_pins(pro
     assert "pytest " + importlib.metadata.version("pytest") + " (pinned" not in result.stdout.str()
     report = json.loads((project.path / "report.json").read_text())
     assert f"| transformers | 0.0.1 | {installed} | **newer** |" in format_markdown(report)
+
+
+def test_every_set_up_from_the_checkout_installs_the_pins():
+    """The README's commands, .ci/run and the workflows install the harness from its checkout with the constraints;
+    only the version matrix (the ends of pyproject's ranges) and the drift job (the newest releases) go without,
+    and the drift job publishes its summary beside the pins."""
+    places = {ROOT / ".ci/run": (ROOT / ".ci/run").read_text(), **{
+        path: path.read_text() for path in sorted((ROOT / ".github/workflows").glob("*.yml"))}}
+    places[ROOT / "README.md"] = (ROOT / "README.md").read_text()
+    installs = [(path.name, line.strip()) for path, text in places.items() for line in text.splitlines()
+                if re.search(r"pip\"? install .*-e \.", line) and not line.strip().startswith("#")]
+    unpinned = [(name, line) for name, line in installs
+                if "-c constraints.txt" not in line and "$SYRUPY" not in line and "--upgrade" not in line
+                and "dist/llm_graph_harness" not in line]  # an engine's own install of the harness's wheel
+    assert installs and not unpinned, f"installs from the checkout without -c constraints.txt: {unpinned}"
+    workflow = (ROOT / ".github/workflows/ci.yml").read_text()
+    drift = workflow[workflow.index("\n  drift:"):]
+    assert "--upgrade -e ." in drift and "--constraints constraints.txt" in drift, drift

@@ -130,3 +130,25 @@ def test_a_break_that_no_longer_raises_fails_the_replay(graph_oracle, make_tenso
     graph_oracle.replay_fails(graph, ReplayError, match=r"raised Unsupported at capture.*at replay it returned")
     state["unsupported"] = True
     graph_oracle.replay(graph, fn, inputs=[x])
+
+
+def test_a_break_that_starts_raising_at_replay_fails_the_replay(graph_oracle, make_tensor):
+    """Captured on the fast path; at replay the fast path refuses. Eager would run the handler, which the capture
+    never recorded: the replay must not return a value, the break's error reaches the caller (fault-recovery), and
+    once the fast path is back the next replay equals eager again."""
+    x = make_tensor(4, seed=51)
+    state = {"unsupported": False}
+    fast = _fast_path(state)
+
+    def fn():
+        try:
+            return fast(x) + 1
+        except Unsupported:
+            return x * 10
+
+    graph = graph_oracle.capture(fn)
+    state["unsupported"] = True
+    graph_oracle.replay_fails(graph, Unsupported)
+    state["unsupported"] = False
+    x.copy_(make_tensor(4, seed=52))
+    graph_oracle.replay(graph, fn, inputs=[x])

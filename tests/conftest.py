@@ -114,3 +114,14 @@ def golden_project(pytester):
         return pytester
 
     return make
+
+
+@pytest.fixture
+def installed_suites() -> None:
+    """Skips a test whose runs name the suites as an installed harness has them (``--pyargs harness.suites...``:
+    ``pip install -e .`` or the wheel) where the harness runs uninstalled, from PYTHONPATH (the GPU check)."""
+    import importlib.util
+
+    if importlib.util.find_spec("harness.suites") is None:
+        pytest.skip("the run names the suites as an installed harness has them (pip install -e . or the wheel); "
+                    "this environment runs the harness uninstalled, from PYTHONPATH (the GPU check)")

@@ -124,7 +124,8 @@ def test_bad_input_is_one_line_with_the_usage_error_status(usage_results, case_i
     assert "Traceback" not in output and "INTERNALERROR" not in output
 
 
-def test_a_path_option_as_two_words_is_refused_before_the_run_and_joined_it_runs(tmp_path: Path):
+def test_a_path_option_as_two_words_is_refused_before_the_run_and_joined_it_runs(tmp_path: Path,
+                                                                                 installed_suites: None):
     """Written as two words, a path option's existing value (a report an earlier run left, a goldens folder outside
     the repository) counts as a test path where pytest looks for its rootdir and ini, under --pyargs too, and moves
     them; each of the harness's path options is refused so, in one line naming the joined form, exit status 4, no test

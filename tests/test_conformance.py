@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -230,7 +229,7 @@ def test_every_failing_test_of_a_violated_clause_is_listed(tmp_path):
     assert len(json.loads(document.read_text())["results"][0]["failures"]) == 2
 
 
-def test_a_run_of_a_mutant_reports_the_clause_it_breaks(tmp_path):
+def test_a_run_of_a_mutant_reports_the_clause_it_breaks(tmp_path, request):
     """End to end on part of the graphs suite: the child pytest, the plugin's records, the verdicts."""
     report = conformance.run_conformance(
         component="graphs", spec="mutant:structure-change-accepted", device="cpu", graph_backend="emulated",
@@ -247,9 +246,7 @@ def test_a_run_of_a_mutant_reports_the_clause_it_breaks(tmp_path):
     assert str(ROOT) not in failure["reproduce"] and sys.executable not in failure["reproduce"]
     assert "python -m pytest --pyargs 'harness.suites.graphs." in failure["reproduce"]
     assert "--rootdir" not in failure["reproduce"]
-    if importlib.util.find_spec("harness.suites") is None:
-        pytest.skip("the line names the suites as an installed harness has them (pip install -e . or the wheel); "
-                    "this environment runs the harness uninstalled, from PYTHONPATH (the GPU check)")
+    request.getfixturevalue("installed_suites")  # the rerun below names them so
     rerun = subprocess.run(failure["reproduce"], shell=True, cwd=ROOT, capture_output=True, text=True, timeout=300,
                            env={**os.environ, "PATH": os.pathsep.join([str(Path(sys.executable).parent),
                                                                        os.environ.get("PATH", "")])})

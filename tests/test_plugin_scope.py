@@ -253,7 +253,8 @@ def pytest_collection_finish(session):
 
 
 def test_the_harness_filters_the_warnings_it_causes_in_an_engines_run_and_only_those(engine: pytest.Pytester,
-                                                                                       monkeypatch):
+                                                                                       monkeypatch,
+                                                                                       installed_suites: None):
     """An engine's run reads the engine's ini, not the harness's: the warnings the harness's own ini filters (torch's
     deprecations, which its imports and its suites set off: Inductor's torch.jit under torch 2.13) are filtered for
     the harness's suite items and around its imports only; the engine's own test keeps its warning."""

@@ -98,13 +98,20 @@ def load_driver():
     return module
 
 
-def test_the_bench_step_runs_every_runner_variant_against_the_h200_baseline():
+def test_the_bench_step_runs_every_runner_variant_against_the_baseline_of_the_gpus_class():
     driver = load_driver()
     assert sorted(driver.VARIANTS) == RUNNER_VARIANTS == ["EagerFallbackRunner", "HostSlowedRunner", "SlowedRunner"]
     script = (ROOT / ".ci" / "gpu" / "run").read_text()
     step = re.search(r"^command\[bench\]='(.*?)'$", script, re.MULTILINE | re.DOTALL)[1]
-    assert re.search(r'"\$py" \.ci/gpu/bench-variants "\$out" -- --quick .*--baseline '
-                     r"harness/bench/baselines/h200-runner\.json", step, re.DOTALL), step
+    assert re.search(r'"\$py" \.ci/gpu/bench-variants "\$out" -- --quick .*--baseline "\$base-runner\.json"', step,
+                     re.DOTALL), step
+    # each class the step recognises has both baselines committed
+    classes = re.findall(r"\*(H\d+)\*\) class=(h\d+) ;;", step)
+    assert classes, step
+    for name, label in classes:
+        assert name.lower() == label
+        for benchmark in ("runner", "gather"):
+            assert (ROOT / "harness/bench/baselines" / f"{label}-{benchmark}.json").is_file(), (label, benchmark)
     # the correct runner and the variants are measured with the same settings
     assert "bench runner --quick --device cuda --graph-backend cuda" in step
     assert "-- --quick --device cuda --graph-backend cuda" in step

@@ -7,6 +7,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from harness.errors import ReplayError
 from harness.graphs import eager_on_graph
 from harness.oracle import CALLING_MODES
 
@@ -30,9 +31,16 @@ def _eager_affine(h: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     return h * 0.5 + bias
 
 
+# Set between replays: the fast path then refuses every shape, or takes every shape. Where eager would then leave the
+# path the capture recorded (a call that returned at capture now refuses, or one that refused now returns), the replay
+# must fail loudly; where it would not, the replay equals eager; and once the fast path is back, it equals eager again.
+_FAST_PATH = {"takes": "by shape"}
+
+
 @eager_on_graph
 def _fast_path(h: torch.Tensor, bias: torch.Tensor, *, narrow: bool = False) -> torch.Tensor:
-    if h.shape[-1] > FAST_PATH_WIDTH and not narrow:
+    takes = _FAST_PATH["takes"]
+    if takes == "no shape" or (takes == "by shape" and h.shape[-1] > FAST_PATH_WIDTH and not narrow):
         raise Refused(f"rows of {h.shape[-1]} > {FAST_PATH_WIDTH}")
     return torch.tanh(h) + bias
 
@@ -136,3 +144,23 @@ def test_replay_after_refill_equals_eager(graph_oracle, make_tensor, ops, rows, 
                 program.weight.copy_(make_tensor(width, width, seed=seed + 8000 + replay) / width**0.5)
         oracle.replay(graph, fn, inputs=inputs, modules=[program], mode=mode, program=ops, shape=(rows, width),
                       seed=seed, handed=handed, training=training, replay=replay, refilled=refill)
+    guarded = [op for op, _ in ops if op in GUARDED]
+    for takes in ("no shape", "every shape"):
+        if not guarded:
+            break
+        if takes == "no shape":  # a call that returned at capture refuses now
+            leaves_the_path = width <= FAST_PATH_WIDTH or "retry" in guarded
+        else:  # a call that refused at capture returns now
+            leaves_the_path = width > FAST_PATH_WIDTH
+        _FAST_PATH["takes"] = takes
+        try:
+            if leaves_the_path:
+                oracle.replay_fails(graph, (Refused, ReplayError), modules=[program], mode=mode, program=ops,
+                                    shape=(rows, width), fast_path_takes=takes)
+            else:
+                oracle.replay(graph, fn, inputs=inputs, modules=[program], mode=mode, program=ops,
+                              shape=(rows, width), seed=seed, handed=handed, fast_path_takes=takes)
+        finally:
+            _FAST_PATH["takes"] = "by shape"
+        oracle.replay(graph, fn, inputs=inputs, modules=[program], mode=mode, program=ops, shape=(rows, width),
+                      seed=seed, handed=handed, training=training, replay=f"after the fast path took {takes}")

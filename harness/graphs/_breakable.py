@@ -393,8 +393,8 @@ class BreakableGraph:
     """A captured graph: segments and breaks, replayed in capture order.
 
     ``output`` is what the captured function returned; replay refreshes it in place. ``steps`` is
-    the list of segments (objects with ``replay()``) and :class:`Break` records. Safe to override:
-    :meth:`replay` and :meth:`replay_break`.
+    the list of segments (objects with ``replay()``) and :class:`Break` records (:class:`RaisedBreak` for a break
+    that raised at capture). Safe to override: :meth:`replay`, :meth:`replay_break` and :meth:`replay_raised_break`.
     """
 
     def __init__(self, steps: list[Segment | Break], output: Any) -> None:
@@ -414,15 +414,34 @@ class BreakableGraph:
         return [step.name for step in self.steps if isinstance(step, Break)]
 
     def replay_break(self, step: Break) -> None:
-        if isinstance(step, RaisedBreak):
-            replay_raised_break(step)
+        if isinstance(step, RaisedBreak):  # a subclass's own replay() may hand every recorded break here
+            self.replay_raised_break(step)
             return
         step.output = write_back(step.output, step.fn(*step.args, **step.kwargs))
+
+    def replay_raised_break(self, step: RaisedBreak) -> None:
+        """Run a break that raised at capture again: it must raise as it did (then the captured handler is the path
+        eager takes too); returning, or raising another error, means eager would leave the captured path."""
+        try:
+            step.fn(*step.args, **step.kwargs)
+        except step.error_type:
+            return
+        except Exception as error:
+            raise ReplayError(
+                f"break {step.name} raised {step.error_type.__name__} at capture, which the captured program "
+                f"handled; at replay it raised {type(error).__name__} ({error}): the program could take another path "
+                "than the captured one. Capture again for this case") from error
+        raise ReplayError(
+            f"break {step.name} raised {step.error_type.__name__} at capture, which the captured program handled; at "
+            "replay it returned, so eager would take the path the capture never recorded. Capture again for this "
+            "case")
 
     def replay(self) -> Any:
         """Replay every segment and break in order; returns :attr:`output`."""
         for step in self.steps:
-            if isinstance(step, Break):
+            if isinstance(step, RaisedBreak):  # apart from replay_break, which subclasses override for the others
+                self.replay_raised_break(step)
+            elif isinstance(step, Break):
                 self.replay_break(step)
             else:
                 step.replay()
@@ -430,23 +449,6 @@ class BreakableGraph:
 
     def __repr__(self) -> str:
         return f"<BreakableGraph {self.segment_count} segments, {self.break_count} breaks>"
-
-
-def replay_raised_break(step: RaisedBreak) -> None:
-    """Run a break that raised at capture again: it must raise as it did (then the captured handler is the path
-    eager takes too); returning, or raising another error, means eager would leave the captured path."""
-    try:
-        step.fn(*step.args, **step.kwargs)
-    except step.error_type:
-        return
-    except Exception as error:
-        raise ReplayError(
-            f"break {step.name} raised {step.error_type.__name__} at capture, which the captured program handled; "
-            f"at replay it raised {type(error).__name__} ({error}): the program could take another path than the "
-            "captured one. Capture again for this case") from error
-    raise ReplayError(
-        f"break {step.name} raised {step.error_type.__name__} at capture, which the captured program handled; at "
-        "replay it returned, so eager would take the path the capture never recorded. Capture again for this case")
 
 
 class GraphCapturer:

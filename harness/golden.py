@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import glob
 import hashlib
 import json
 import math
@@ -450,7 +449,7 @@ def assert_upstream_golden(snapshot: Any, actual: Any, *, package: str, prefix: 
     version (:func:`harness.upstream.nearest_version`): the test passes, and what differs is reported as
     upstream drift, with the command that records it. With nothing recorded, syrupy reports the missing golden.
     """
-    from harness.upstream import installed_version, nearest_version, parse_version, version_label
+    from harness.upstream import installed_version, nearest_version, release_files, version_label
 
     __tracebackhide__ = True  # a failure shows the test's line and syrupy's diff, not this function
     version = tuple(version if version is not None else installed_version(package) or ())[:precision]
@@ -459,11 +458,7 @@ def assert_upstream_golden(snapshot: Any, actual: Any, *, package: str, prefix: 
     location = Path(snapshot.extension.get_location(test_location=snapshot.test_location, index=own))
     marker = f"[{own}]"
     head, tail = location.name.split(marker) if marker in location.name else (location.stem, "")
-    recorded = {}
-    for path in location.parent.glob(f"{glob.escape(f'{head}[{label}')}*{glob.escape(f']{tail}')}"):
-        parts = parse_version(path.name[len(head) + len(label) + 1:len(path.name) - len(tail) - 1])
-        if parts is not None and path.name == f"{head}[{label}{version_label(parts)}]{tail}":
-            recorded[parts] = path
+    recorded = release_files(location.parent, stem=head, label=label, suffix=tail)
     chosen = nearest_version(version, recorded)
     if _SESSION.update or location.is_file() or chosen is None:
         assert actual == snapshot(name=own)

@@ -14,7 +14,8 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
-__all__ = ["UPSTREAM_PACKAGES", "installed_version", "parse_version", "version_label", "nearest_version", "read_pins"]
+__all__ = ["UPSTREAM_PACKAGES", "installed_version", "installed_version_text", "parse_version", "version_label",
+           "nearest_version", "read_pins", "release_files"]
 
 # The distributions whose releases can move the harness's verdicts or goldens, as pip names them: what the
 # run report lists and the drift job upgrades.
@@ -28,17 +29,23 @@ def parse_version(text: str) -> tuple[int, ...] | None:
     return tuple(int(part) for part in match.group(0).split(".")) if match else None
 
 
-def installed_version(package: str) -> tuple[int, ...] | None:
-    """The installed release of ``package`` (a distribution name), read from its metadata, else from its
-    module's ``__version__``; None where it is not installed."""
+def installed_version_text(package: str) -> str | None:
+    """The installed version of ``package`` (a distribution name) as its metadata spells it, read without
+    importing it, else its module's ``__version__`` (importable without metadata); None where it is not installed."""
     try:
-        text = importlib.metadata.version(package)
+        return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:
         try:
-            text = str(importlib.import_module(package.replace("-", "_")).__version__)
+            return str(importlib.import_module(package.replace("-", "_")).__version__)
         except (ImportError, AttributeError):
             return None
-    return parse_version(text)
+
+
+def installed_version(package: str) -> tuple[int, ...] | None:
+    """The installed release of ``package`` (:func:`installed_version_text`) as numbers; None where it is not
+    installed."""
+    text = installed_version_text(package)
+    return parse_version(text) if text is not None else None
 
 
 def version_label(version: Iterable[int]) -> str:
@@ -65,3 +72,16 @@ def read_pins(path: Path | str) -> dict[str, str]:
         if match:
             pins[re.sub(r"[-_.]+", "-", match.group(1)).lower()] = match.group(2)
     return pins
+
+
+def release_files(folder: Path, *, stem: str, label: str, suffix: str = ".json") -> dict[tuple[int, ...], Path]:
+    """The records ``{stem}[{label}X.Y.Z]{suffix}`` in ``folder`` (one golden per release of a library), by
+    release."""
+    import glob
+
+    found = {}
+    for path in folder.glob(f"{glob.escape(f'{stem}[{label}')}*{glob.escape(f']{suffix}')}"):
+        parts = parse_version(path.name[len(stem) + len(label) + 1:len(path.name) - len(suffix) - 1])
+        if parts is not None and path.name == f"{stem}[{label}{version_label(parts)}]{suffix}":
+            found[parts] = path
+    return found

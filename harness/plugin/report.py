@@ -8,7 +8,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import importlib
-import importlib.metadata
 import json
 import os
 import re
@@ -73,39 +72,27 @@ def _harness_session(config: pytest.Config) -> Any:
 def _setup(config: pytest.Config) -> dict[str, Any]:
     session = _harness_session(config)
     device = getattr(session, "device", None)
-    # Its installed version, read without importing it (about a second of every run whose suites need no model).
-    try:
-        transformers_version = importlib.metadata.version("transformers")
-    except importlib.metadata.PackageNotFoundError:  # importable without its metadata, or not installed
-        try:
-            import transformers
-            transformers_version = transformers.__version__
-        except ImportError:  # optional for the graphs and gather suites
-            transformers_version = "not installed"
+    # Versions read without importing (transformers' import costs about a second of every run whose suites need
+    # no model); transformers is optional for the graphs and gather suites.
+    upstream = _upstream_versions()
     return {
         "device": str(device) if device is not None else "unknown",
         "device_class": _golden().device_class(device) if device is not None else "unknown",
         "graph_backend": getattr(getattr(session, "backend", None), "name", "unknown"),
         "torch": _torch().__version__,
-        "transformers": transformers_version,
+        "transformers": upstream["transformers"],
         "implementations": dict(getattr(session, "impl_specs", {}) or {}) or "reference",
         "hypothesis_profile": _hypothesis_profile(),
-        "upstream": _upstream_versions(),
+        "upstream": upstream,
     }
 
 
 def _upstream_versions() -> dict[str, str]:
     """The installed version of each library whose releases can move the harness's verdicts, read from its
     metadata (as pip names it), so the drift job's summary can set them beside the pins."""
-    from harness.upstream import UPSTREAM_PACKAGES
+    from harness.upstream import UPSTREAM_PACKAGES, installed_version_text
 
-    versions = {}
-    for name in UPSTREAM_PACKAGES:
-        try:
-            versions[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            versions[name] = "not installed"
-    return versions
+    return {name: installed_version_text(name) or "not installed" for name in UPSTREAM_PACKAGES}
 
 
 def _hypothesis_profile() -> str:
@@ -342,10 +329,23 @@ def _pins(root: Path) -> dict[str, str]:
     return read_pins(path) if path.is_file() else {}
 
 
+def _moved(version: str, pinned: str) -> str:
+    """How an installed version stands to its pin: "" (the pin), "newer", "older", or "different" (another
+    spelling of the same release, or one that is not numbers)."""
+    from harness.upstream import parse_version
+
+    if version == pinned:
+        return ""
+    now, then = parse_version(version), parse_version(pinned)
+    if now is None or then is None or now == then:
+        return "different"
+    return "newer" if now > then else "older"
+
+
 def _moved_from_pins(report: dict[str, Any]) -> list[str]:
     pins = report.get("pins") or {}
     return [f"{name} {version} (pinned {pins[name]})" for name, version in report["setup"].get("upstream", {}).items()
-            if name in pins and version != pins[name]]
+            if name in pins and _moved(version, pins[name])]
 
 
 def format_text(report: dict[str, Any]) -> str:
@@ -426,15 +426,11 @@ def format_markdown(report: dict[str, Any] | None = None, kill_matrix: list[dict
 
 
 def _upstream_table(installed: dict[str, str], pins: dict[str, str]) -> list[str]:
-    from harness.upstream import parse_version
-
     rows = ["| package | pinned (constraints) | installed | |", "| --- | --- | --- | --- |"]
     for name, version in sorted(installed.items()):
-        pinned = pins.get(name, "not pinned")
-        now, then = parse_version(version), parse_version(pinned)
-        moved = ("" if now is None or then is None or now == then
-                 else "**newer**" if now > then else "older")
-        rows.append(f"| {name} | {pinned} | {version} | {moved} |")
+        pinned = pins.get(name)
+        moved = _moved(version, pinned) if pinned is not None else ""
+        rows.append(f"| {name} | {pinned or 'not pinned'} | {version} | {'**newer**' if moved == 'newer' else moved} |")
     return [*rows, ""]
 
 

@@ -5,7 +5,6 @@ matrix (every architecture against every discovery rule) as a golden."""
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import types
@@ -42,6 +41,7 @@ from harness.runner.capture_verdicts import (
 from harness.runner.cases import eager, eager_padded
 from harness.runner.divergence import localise
 from harness.runner.matrices import capture_row
+from harness.upstream import release_files, version_label
 
 pytestmark = pytest.mark.clause("replay-equals-eager")
 
@@ -221,7 +221,7 @@ def test_uncapturable_stacks_are_the_known_ones(capture_matrix, graph_backend, p
     if not recorded.exact:
         from harness.golden import report_upstream_drift
         from harness.plugin.failures import file_node_id
-        from harness.upstream import installed_version, version_label
+        from harness.upstream import installed_version
 
         report_upstream_drift(
             record=capture_verdicts.__file__, where=f"UNCAPTURABLE[{version_label(recorded.version)!r}][{kind!r}]",
@@ -258,13 +258,12 @@ def _golden_folder() -> Path:
 
 def _recorded_matrices() -> dict[str, dict[str, dict]]:
     """``{transformers release: {verdict class: matrix}}`` of the committed goldens (experts: the default)."""
-    folder = _golden_folder()
     recorded: dict[str, dict[str, dict]] = {}
     for kind in COMPARED_CLASSES:
-        stem = f"test_capture_matrix_golden[{kind}-{EXPERTS_IMPLEMENTATIONS[0]}-transformers-"
-        for path in folder.glob(f"{glob.escape(stem)}*].json"):
-            release = path.name[len(stem):-len("].json")]
-            recorded.setdefault(release, {})[kind] = json.loads(path.read_text())
+        files = release_files(_golden_folder(), stem="test_capture_matrix_golden",
+                              label=f"{kind}-{EXPERTS_IMPLEMENTATIONS[0]}-transformers-")
+        for release, path in files.items():
+            recorded.setdefault(version_label(release), {})[kind] = json.loads(path.read_text())
     return recorded
 
 

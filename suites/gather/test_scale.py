@@ -7,8 +7,6 @@ few calls the checker itself keeps."""
 
 from __future__ import annotations
 
-import ctypes
-
 import pytest
 import torch
 from hypothesis import example, given
@@ -19,6 +17,7 @@ from harness.gather import BufferSpec, GatherCase, eager_gather
 from harness.gather.cases import random_values
 from harness.gather.strategies import around_powers_of_two
 from harness.plugin.profiles import capped_examples
+from harness.writes import BYPASSING_WRITES, bypassing_writes_for
 
 pytestmark = pytest.mark.clause("bit-identical")
 
@@ -79,49 +78,14 @@ def _refill(buffers, generator: torch.Generator) -> None:
             buffer.copy_(random_values(buffer.shape, buffer.dtype, generator=generator))
 
 
-def _through_data(tensor: torch.Tensor, values: torch.Tensor) -> None:
-    tensor.data.copy_(values)
-
-
-def _through_storage(tensor: torch.Tensor, values: torch.Tensor) -> None:
-    # The whole storage of a contiguous tensor, written as raw bytes (as a kernel given the storage would).
-    staged = torch.empty_like(tensor).copy_(values)
-    tensor.untyped_storage().copy_(staged.untyped_storage())
-
-
-def _through_dlpack(tensor: torch.Tensor, values: torch.Tensor) -> None:
-    torch.from_dlpack(tensor).copy_(values)
-
-
-def _through_numpy(tensor: torch.Tensor, values: torch.Tensor) -> None:
-    # numpy has no bfloat16: its bits go through an int16 view (a view shares the tensor's counter, and a numpy
-    # write moves no counter at all).
-    def bits(t: torch.Tensor) -> torch.Tensor:
-        return t.view(torch.int16) if t.dtype == torch.bfloat16 else t
-
-    bits(tensor).numpy()[...] = bits(values).numpy()
-
-
-def _through_data_ptr(tensor: torch.Tensor, values: torch.Tensor) -> None:
-    staged = values.contiguous()
-    ctypes.memmove(tensor.data_ptr(), staged.data_ptr(), staged.numel() * staged.element_size())
-
-
-# Host-memory views exist for CPU tensors only; on CUDA those two routes are not writes a caller can make.
-_WRITES = {"data": _through_data, "untyped-storage": _through_storage, "dlpack": _through_dlpack,
-           "numpy": _through_numpy, "data-ptr": _through_data_ptr}
-_HOST_ONLY = {"numpy", "data-ptr"}
-
-
-@pytest.mark.parametrize("route", sorted(_WRITES))
+@pytest.mark.parametrize("route", sorted(BYPASSING_WRITES))
 def test_writes_that_bypass_the_version_counter_are_seen(check_gather, device, route):
     """Between two calls on the same tensors, new index values and new source values are written through an alias
-    that has a version counter of its own (``.data``, the untyped storage, a DLPack or numpy view, raw memory at
-    ``data_ptr``), so the tensors' own counters do not move: the second call must still equal eager indexing of
-    the values now there, as eager's does."""
-    if route in _HOST_ONLY and device.type != "cpu":
-        pytest.skip(f"a {route} write reaches host memory only")  # not a write a caller can make on {device}
-    write = _WRITES[route]
+    that has a version counter of its own (:data:`harness.writes.BYPASSING_WRITES`), so the tensors' own counters do
+    not move: the second call must still equal eager indexing of the values now there, as eager's does."""
+    if route not in bypassing_writes_for(device):
+        pytest.skip(f"a {route} write reaches host memory only, not {device}")
+    write = BYPASSING_WRITES[route]
     case = GatherCase(pool=16, count=5, seed=7, **_NARROW)
     inputs = case.build(device)
     inputs = type(inputs)(inputs.indices.contiguous(), tuple(None if buf is None else buf.contiguous()

@@ -8,7 +8,6 @@ graph that keys anything on the version counter (a skipped write-back, a cached 
 from __future__ import annotations
 
 import pytest
-import torch
 from hypothesis import example, given
 from hypothesis import strategies as st
 

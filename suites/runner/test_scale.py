@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from harness.compare import assert_equivalent
 from harness.plugin.profiles import capped_examples
-from harness.runner.cases import BUCKET_EDGES, MAX_TOKENS, SEED, eager, make_batch, split_strategy
+from harness.runner.cases import BUCKET_EDGES, MAX_TOKENS, eager, make_batch, split_strategy
 
 pytestmark = pytest.mark.clause("replay-equals-eager")
 

@@ -11,7 +11,7 @@ import weakref
 import torch
 
 from harness.gather.reference import GatherOutputs, compiled_gather, eager_gather
-from harness.graphs import Streams, streams_for
+from harness.graphs import Streams, is_capturing, streams_for
 from harness.mutants import MutantSet
 
 __all__ = ["MUTANTS"]  # the mutants are reached through the registry, never imported by name
@@ -303,15 +303,15 @@ def output_ring_of_64(indices, *buffers) -> GatherOutputs:
         if buf is None:
             return None
         gathered = buf[indices]
-        key = (position, tuple(gathered.shape), gathered.dtype, gathered.device)
-        with torch.inference_mode(False), torch.no_grad():
-            ring, turn = _OUTPUT_RINGS.setdefault(key, ([], [0]))
-            if len(ring) < _RING_SIZE:
-                ring.append(torch.empty_like(gathered))
-            out = ring[turn[0] % _RING_SIZE]
-            turn[0] += 1
-            out.copy_(gathered)
-        return out
+        # One ring per calling mode: its buffers are made and written in the caller's mode, as eager's outputs are.
+        mode = (torch.is_inference_mode_enabled(), torch.is_grad_enabled())
+        key = (position, tuple(gathered.shape), gathered.dtype, gathered.device, mode)
+        ring, turn = _OUTPUT_RINGS.setdefault(key, ([], [0]))
+        if len(ring) < _RING_SIZE:
+            ring.append(torch.empty_like(gathered))
+        out = ring[turn[0] % _RING_SIZE]
+        turn[0] += 1
+        return out.copy_(gathered)
 
     return tuple(take(position, buf) for position, buf in enumerate(buffers))  # type: ignore[return-value]
 
@@ -338,26 +338,30 @@ def drops_block_at_multiple_of_1024(indices, *buffers) -> GatherOutputs:
     return _each(indices, buffers, take)
 
 
-_BY_VERSION: weakref.WeakKeyDictionary[torch.Tensor, tuple[tuple, GatherOutputs]] = weakref.WeakKeyDictionary()
+# The previous call: a weak reference to its index tensor, every input's identity and counter, and its results.
+_PREVIOUS: list[tuple[weakref.ref, tuple, GatherOutputs]] = []
 
 
-def _version_key(indices: torch.Tensor, buffers: tuple[torch.Tensor | None, ...]) -> tuple:
-    return tuple((None, None) if tensor is None else (id(tensor), tensor._version)
-                 for tensor in (indices, *buffers))
+def _version_key(indices: torch.Tensor, buffers: tuple[torch.Tensor | None, ...]) -> tuple | None:
+    """Every input's identity and version counter; None (not cacheable) when one is an inference tensor, which
+    has no counter."""
+    tensors = [tensor for tensor in (indices, *buffers) if tensor is not None]
+    if any(tensor.is_inference() for tensor in tensors):
+        return None
+    return tuple((id(tensor), tensor._version) for tensor in tensors)
 
 
 @MUTANTS.add("caches-by-version-counter", bug="returns a copy of the previous result when the same tensors come back "
              "with unchanged version counters, so a write that bypasses the counter (.data, a numpy or DLPack view, "
              "a kernel writing through data_ptr) is never seen")
 def caches_by_version_counter(indices, *buffers) -> GatherOutputs:
-    # Memoised per index tensor on every input's identity and version counter: in-place ops bump the counter, so
-    # the cache looks safe, but writes through aliases that have counters of their own do not.
+    # Memoised on the last call's inputs, by identity and version counter: in-place ops bump the counter, so the
+    # cache looks safe, but writes through aliases that have counters of their own do not.
     key = _version_key(indices, buffers)
-    hit = _BY_VERSION.get(indices)
-    if hit is not None and hit[0] == key:
-        result = hit[1]
-    else:
-        result = compiled_gather(indices, *buffers)
-        _BY_VERSION[indices] = (key, tuple(None if out is None else out.clone() for out in result))
-        return result
-    return tuple(None if out is None else out.clone() for out in result)  # type: ignore[return-value]
+    if key is None or is_capturing():  # a graph must record the gather itself, not a copy of the memo
+        return compiled_gather(indices, *buffers)
+    if _PREVIOUS and _PREVIOUS[0][0]() is indices and _PREVIOUS[0][1] == key:
+        return tuple(None if out is None else out.clone() for out in _PREVIOUS[0][2])  # type: ignore[return-value]
+    result = compiled_gather(indices, *buffers)
+    _PREVIOUS[:] = [(weakref.ref(indices), key, tuple(None if out is None else out.clone() for out in result))]
+    return result

@@ -643,5 +643,5 @@ MUTANTS.include(runner_distributed.MUTANTS)
              "and the runner refuses them")
 class ReadsBucketsTwice(LayerStackRunner):
     def __init__(self, model: nn.Module, *, buckets: Any, **options: Any) -> None:
-        self.max_tokens = max(buckets)  # the largest batch, noted before the buckets are validated and kept
+        self.max_tokens = max(buckets, default=0)  # the largest batch, noted before the buckets are validated
         super().__init__(model, buckets=buckets, **options)

@@ -316,15 +316,15 @@ def output_ring_of_64(indices, *buffers) -> GatherOutputs:
     return tuple(take(position, buf) for position, buf in enumerate(buffers))  # type: ignore[return-value]
 
 
-_BLOCK_ROWS = 1024  # one thread per row, at most 1024 threads per CUDA block
+_BLOCK_ROWS = 4096  # rows per tile: a grid of tiles, each a CTA looping over its rows
 
 
-@MUTANTS.add("drops-block-at-multiple-of-1024", bug="gathers in blocks of 1024 rows with the full-block count "
-             "computed as (count - 1) // 1024, so at an exact multiple of 1024 rows the last block is never "
+@MUTANTS.add("drops-tile-at-multiple-of-4096", bug="gathers in tiles of 4096 rows with the full-tile count "
+             "computed as (count - 1) // 4096, so at an exact multiple of 4096 rows the last tile is never "
              "launched and its rows stay zero; every other count is right")
-def drops_block_at_multiple_of_1024(indices, *buffers) -> GatherOutputs:
+def drops_tile_at_multiple_of_4096(indices, *buffers) -> GatherOutputs:
     count = indices.shape[0]
-    full_blocks = max(count - 1, 0) // _BLOCK_ROWS  # written to never launch an empty trailing block
+    full_blocks = max(count - 1, 0) // _BLOCK_ROWS  # written to never launch an empty trailing tile
     tail = count % _BLOCK_ROWS
 
     def take(index, buf):

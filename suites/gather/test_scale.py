@@ -46,7 +46,7 @@ def test_counts_around_powers_of_two_and_the_pool(check_gather, device, pool):
 
 @example(calls=_MAX_CALLS, count=8, seed=45)
 @example(calls=65, count=1, seed=46)
-@capped_examples(3)
+@capped_examples(2)
 @given(calls=st.integers(1, _MAX_CALLS), count=st.sampled_from((1, 2, 7, 8, 9)), seed=st.integers(0, 2**16))
 def test_a_long_run_keeps_every_result(check_gather, device, calls, count, seed):
     """A decode loop of a drawn number of calls (up to hundreds) on one set of sources, refilled in place between

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from harness.gather import GatherCase
 from harness.oracle.concurrency import Lockstep, run_in_threads
+from harness.plugin.profiles import capped_examples
 
 pytestmark = pytest.mark.clause("bit-identical")
 
@@ -28,6 +29,7 @@ thread_counts = st.one_of(st.sampled_from([1, 2, 3, _MAX_THREADS]), st.integers(
 @example(threads=2).via("the two callers of an overlap scheduler")
 @example(threads=3).via("one caller more than a pair")
 @example(threads=_MAX_THREADS).via("the most callers drawn")
+@capped_examples(2)
 @given(threads=thread_counts)
 def test_threads_gather_at_once(check_gather, device, sources, threads):
     """A drawn number of threads (1 to 8) gather at once, from the same sources (read by all, written by none) or

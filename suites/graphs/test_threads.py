@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from harness.graphs import eager_on_graph, is_capturing
 from harness.oracle.concurrency import Rendezvous, run_in_threads
+from harness.plugin.profiles import capped_examples
 
 pytestmark = pytest.mark.clause("per-thread")
 
@@ -45,6 +46,7 @@ _MAX_THREADS = 8
 @example(threads=2).via("the pair every engine has: scheduler and forward")
 @example(threads=3).via("one more than a pair")
 @example(threads=_MAX_THREADS).via("the most callers drawn")
+@capped_examples(2)
 @given(threads=st.one_of(st.sampled_from([1, 3, _MAX_THREADS]), st.integers(1, _MAX_THREADS)))
 def test_graphs_replay_from_threads_at_once(graph_oracle, make_tensor, threads):
     """Different graphs (own pools, own static tensors) replayed from a drawn number of threads (1 to 8) at once,

@@ -13,20 +13,33 @@ from hypothesis import strategies as st
 
 from harness.gather.cases import INDEX_DTYPES, INDEX_LAYOUTS, SOURCE_LAYOUTS, BufferSpec, GatherCase, gather_dtypes
 
-__all__ = ["pools", "widths", "index_counts", "gather_cases", "MAX_BUFFER_ELEMENTS"]
+__all__ = ["pools", "widths", "index_counts", "gather_cases", "around_powers_of_two", "MAX_BUFFER_ELEMENTS"]
 
 # Caps one buffer so a pool of 4096 with a 2049-wide hidden state stays cheap on a 2-core runner.
 MAX_BUFFER_ELEMENTS = 1 << 21
 
-# Edges first: pool 1 (every index is 0 or -1), pool 2, and the largest pool the contract names.
-pools = st.one_of(st.sampled_from([1, 2, 3, 4096]), st.integers(1, 4096))
+
+
+def around_powers_of_two(low: int, high: int) -> tuple[int, ...]:
+    """Every ``2**k - 1``, ``2**k`` and ``2**k + 1`` in ``[low, high]``, ascending: where kernels change block,
+    tile or vector width, and where an off-by-one in a ``(n - 1) // block`` or an ``n & (n - 1)`` shows."""
+    edges = {2**k + step for k in range(max(high, 1).bit_length() + 1) for step in (-1, 0, 1)}
+    return tuple(sorted(n for n in edges if low <= n <= high))
+
+
+# Edges first: pool 1 (every index is 0 or -1), pool 2, and the largest pool the contract names; then pools at and
+# around powers of two, then any.
+pools = st.one_of(st.sampled_from([1, 2, 3, 4096]), st.sampled_from(around_powers_of_two(1, 4096)),
+                  st.integers(1, 4096))
 # Odd widths, powers of two, and widths above 1024 (a kernel's per-block width limit).
 widths = st.sampled_from([1, 2, 3, 7, 8, 16, 33, 64, 127, 1024, 1025, 2049])
 
 
 def index_counts(pool: int) -> st.SearchStrategy[int]:
-    """Index counts from 0 to twice the pool: 0, 1, odd counts and duplicates all come up."""
-    return st.one_of(st.sampled_from([0, 1, 2, 3]), st.integers(0, 2 * pool))
+    """Index counts from 0 to twice the pool: 0, 1, odd counts and duplicates all come up, and counts at and
+    around the pool and the powers of two are drawn as often as the uniform ones."""
+    edges = sorted(set(around_powers_of_two(0, 2 * pool)) | {n for n in (pool - 1, pool, pool + 1) if n >= 0})
+    return st.one_of(st.sampled_from([0, 1, 2, 3]), st.sampled_from(edges), st.integers(0, 2 * pool))
 
 
 @st.composite

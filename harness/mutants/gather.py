@@ -5,12 +5,13 @@
 from __future__ import annotations
 
 import math
+import threading
 import weakref
 
 import torch
 
 from harness.gather.reference import GatherOutputs, compiled_gather, eager_gather
-from harness.graphs import Streams, streams_for
+from harness.graphs import Streams, is_capturing, streams_for
 from harness.mutants import MutantSet
 
 __all__ = ["MUTANTS"]  # the mutants are reached through the registry, never imported by name
@@ -249,3 +250,118 @@ def side_stream_no_wait(indices, *buffers) -> GatherOutputs:
         if indices.device.type == "cuda":
             torch.cuda._sleep(_OVERLAPPED_WORK_CYCLES)
         return compiled_gather(indices, *buffers)
+
+
+# Issue 45, item 4: bugs that show only at a scale or in a form the suites did not draw before.
+
+_WORKSPACE_LOCK = threading.Lock()
+_WORKSPACE_POOL: list[dict[tuple, torch.Tensor]] = [{}, {}]
+_FREE_WORKSPACES: list[dict[tuple, torch.Tensor]] = list(reversed(_WORKSPACE_POOL))
+
+
+@MUTANTS.add("workspace-pool-of-two", bug="gathers through a staging workspace taken from a pool of two: two callers "
+             "at once each get their own, a third concurrent caller shares the first caller's and the two copy out "
+             "each other's rows")
+def workspace_pool_of_two(indices, *buffers) -> GatherOutputs:
+    # Sized for "the scheduler thread and the forward thread": when the pool is empty the call borrows the first
+    # workspace rather than block, as if no third caller could exist.
+    with _WORKSPACE_LOCK:
+        borrowed = not _FREE_WORKSPACES
+        workspace = _WORKSPACE_POOL[0] if borrowed else _FREE_WORKSPACES.pop()
+    try:
+        def take(position: int, buf: torch.Tensor | None) -> torch.Tensor | None:
+            if buf is None:
+                return None
+            gathered = buf[indices]
+            key = (position, gathered.dtype, tuple(gathered.shape[1:]), gathered.device)
+            with torch.inference_mode(False), torch.no_grad():
+                staging = workspace.get(key)
+                if staging is None or staging.shape[0] < gathered.shape[0]:
+                    staging = workspace[key] = torch.empty(gathered.shape, dtype=gathered.dtype,
+                                                           device=gathered.device)
+                staged = staging[:gathered.shape[0]]
+                staged.copy_(gathered)
+            return torch.empty_like(gathered).copy_(staged)
+
+        return tuple(take(position, buf) for position, buf in enumerate(buffers))  # type: ignore[return-value]
+    finally:
+        with _WORKSPACE_LOCK:
+            if not borrowed:
+                _FREE_WORKSPACES.append(workspace)
+
+
+_RING_SIZE = 64
+_OUTPUT_RINGS: dict[tuple, tuple[list[torch.Tensor], list[int]]] = {}
+
+
+@MUTANTS.add("output-ring-of-64", bug="hands out outputs from a ring of 64 preallocated buffers per shape: every call "
+             "is right and the last 63 results survive, the 65th call of a shape overwrites the first one's result")
+def output_ring_of_64(indices, *buffers) -> GatherOutputs:
+    # Preallocated outputs (out=) rotated so that "no caller holds a result that long": a decode loop that keeps
+    # a step's extras for more than 64 steps of the same batch size reads another step's.
+    def take(position: int, buf: torch.Tensor | None) -> torch.Tensor | None:
+        if buf is None:
+            return None
+        gathered = buf[indices]
+        # One ring per calling mode: its buffers are made and written in the caller's mode, as eager's outputs are.
+        mode = (torch.is_inference_mode_enabled(), torch.is_grad_enabled())
+        key = (position, tuple(gathered.shape), gathered.dtype, gathered.device, mode)
+        ring, turn = _OUTPUT_RINGS.setdefault(key, ([], [0]))
+        if len(ring) < _RING_SIZE:
+            ring.append(torch.empty_like(gathered))
+        out = ring[turn[0] % _RING_SIZE]
+        turn[0] += 1
+        return out.copy_(gathered)
+
+    return tuple(take(position, buf) for position, buf in enumerate(buffers))  # type: ignore[return-value]
+
+
+_BLOCK_ROWS = 4096  # rows per tile: a grid of tiles, each a CTA looping over its rows
+
+
+@MUTANTS.add("drops-tile-at-multiple-of-4096", bug="gathers in tiles of 4096 rows with the full-tile count "
+             "computed as (count - 1) // 4096, so at an exact multiple of 4096 rows the last tile is never "
+             "launched and its rows stay zero; every other count is right")
+def drops_tile_at_multiple_of_4096(indices, *buffers) -> GatherOutputs:
+    count = indices.shape[0]
+    full_blocks = max(count - 1, 0) // _BLOCK_ROWS  # written to never launch an empty trailing tile
+    tail = count % _BLOCK_ROWS
+
+    def take(index, buf):
+        out = torch.zeros((index.shape[0], *buf.shape[1:]), dtype=buf.dtype, device=buf.device)
+        head = full_blocks * _BLOCK_ROWS
+        out[:head] = buf[index[:head]]
+        if tail:
+            out[head:head + tail] = buf[index[head:head + tail]]
+        return out
+
+    return _each(indices, buffers, take)
+
+
+# The previous call: a weak reference to its index tensor, every input's identity and counter, and its results.
+_PREVIOUS: list[tuple[weakref.ref, tuple, GatherOutputs]] = []
+
+
+def _version_key(indices: torch.Tensor, buffers: tuple[torch.Tensor | None, ...]) -> tuple | None:
+    """Every input's identity and version counter; None (not cacheable) when one is an inference tensor, which
+    has no counter."""
+    tensors = [tensor for tensor in (indices, *buffers) if tensor is not None]
+    if any(tensor.is_inference() for tensor in tensors):
+        return None
+    return tuple((id(tensor), tensor._version) for tensor in tensors)
+
+
+@MUTANTS.add("caches-by-version-counter", bug="returns a copy of the previous result when the same tensors come back "
+             "with unchanged version counters, so a write that bypasses the counter (.data, a numpy or DLPack view, "
+             "a kernel writing through data_ptr) is never seen")
+def caches_by_version_counter(indices, *buffers) -> GatherOutputs:
+    # Memoised on the last call's inputs, by identity and version counter: in-place ops bump the counter, so the
+    # cache looks safe, but writes through aliases that have counters of their own do not.
+    key = _version_key(indices, buffers)
+    if key is None or is_capturing():  # a graph must record the gather itself, not a copy of the memo
+        return compiled_gather(indices, *buffers)
+    if _PREVIOUS and _PREVIOUS[0][0]() is indices and _PREVIOUS[0][1] == key:
+        return tuple(None if out is None else out.clone() for out in _PREVIOUS[0][2])  # type: ignore[return-value]
+    result = compiled_gather(indices, *buffers)
+    _PREVIOUS[:] = [(weakref.ref(indices), key, tuple(None if out is None else out.clone() for out in result))]
+    return result

@@ -636,3 +636,12 @@ class IgnoresMovedState(LayerStackRunner):
 # -- tensor parallelism (suites/runner/tensor_parallel): a module of their own -------------------
 
 MUTANTS.include(runner_distributed.MUTANTS)
+
+
+@MUTANTS.add("reads-buckets-twice", bug="reads the buckets argument twice (its largest size, then the sizes to "
+             "capture): buckets given as a generator, an Iterable[int] like any other, are empty the second time "
+             "and the runner refuses them")
+class ReadsBucketsTwice(LayerStackRunner):
+    def __init__(self, model: nn.Module, *, buckets: Any, **options: Any) -> None:
+        self.max_tokens = max(buckets, default=0)  # the largest batch, noted before the buckets are validated
+        super().__init__(model, buckets=buckets, **options)

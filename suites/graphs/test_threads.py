@@ -1,20 +1,21 @@
-"""Concurrent callers (docs/graphs.md): what the contract promises to two threads, and nothing more.
+"""Concurrent callers (docs/graphs.md): what the contract promises to several threads, and nothing more.
 
 Each thread has its own oracle (its own checker), so every replay is compared with its own program run eagerly in
 that thread. The overlap is forced, not hoped for: a :class:`~harness.oracle.concurrency.Rendezvous` inside a break or
-inside the captured function holds each thread there until the other has arrived. Graphs are captured one at a
+inside the captured function holds each thread there until the others have arrived. Graphs are captured one at a
 time (the contract asks the caller to serialise captures), and each graph has its own pool and static tensors."""
 
 from __future__ import annotations
 
 import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
 
 from harness.graphs import eager_on_graph, is_capturing
 from harness.oracle.concurrency import Rendezvous, run_in_threads
+from harness.plugin.profiles import capped_examples
 
 pytestmark = pytest.mark.clause("per-thread")
-
-_THREADS = ("first thread", "second thread")
 
 
 def _attention_program(x, meta, rendezvous):
@@ -39,13 +40,23 @@ def _refill(x, meta, make_tensor, *, seed):
     meta["step"] = seed  # a Python value the break reads live
 
 
-def test_two_graphs_replay_from_two_threads_at_once(graph_oracle, make_tensor):
-    """Different graphs (own pools, own static tensors) replayed from two threads at once each equal their own
-    eager run, replay after replay, and each graph still replays alone afterwards."""
-    rendezvous = Rendezvous()
-    oracles = [graph_oracle.fresh() for _ in _THREADS]
-    worlds = [(make_tensor(4, 3, seed=20 + i), {"scale": make_tensor(1, seed=22 + i), "step": 0})
-              for i in range(len(_THREADS))]
+_MAX_THREADS = 8
+
+
+@example(threads=2).via("the pair every engine has: scheduler and forward")
+@example(threads=3).via("one more than a pair")
+@example(threads=_MAX_THREADS).via("the most callers drawn")
+@capped_examples(2)
+@given(threads=st.one_of(st.sampled_from([1, 3, _MAX_THREADS]), st.integers(1, _MAX_THREADS)))
+def test_graphs_replay_from_threads_at_once(graph_oracle, make_tensor, threads):
+    """Different graphs (own pools, own static tensors) replayed from a drawn number of threads (1 to 8) at once,
+    all inside a break together, each equal their own eager run, replay after replay, and each graph still
+    replays alone afterwards."""
+    names = [f"thread {i + 1} of {threads}" for i in range(threads)]
+    rendezvous = Rendezvous(threads)
+    oracles = [graph_oracle.fresh() for _ in names]
+    worlds = [(make_tensor(4, 3, seed=20 + 2 * i), {"scale": make_tensor(1, seed=21 + 2 * i), "step": 0})
+              for i in range(threads)]
     programs = [_attention_program(x, meta, rendezvous) for x, meta in worlds]
     graphs = [oracle.capture(program) for oracle, program in zip(oracles, programs)]
     outputs = [graph.output for graph in graphs]
@@ -56,18 +67,18 @@ def test_two_graphs_replay_from_two_threads_at_once(graph_oracle, make_tensor):
         def body():
             for step in range(3):
                 _refill(x, meta, make_tensor, seed=100 * (i + 1) + 10 * step)
-                oracles[i].replay(graphs[i], programs[i], inputs=[x, meta["scale"]], thread=_THREADS[i],
-                                  replay=step)
+                oracles[i].replay(graphs[i], programs[i], inputs=[x, meta["scale"]], thread=names[i],
+                                  threads=threads, replay=step)
 
         return body
 
     with rendezvous.armed():
-        run_in_threads([replays(i) for i in range(len(_THREADS))], rendezvous=rendezvous, names=_THREADS)
+        run_in_threads([replays(i) for i in range(threads)], rendezvous=rendezvous, names=names)
     for i, (oracle, graph, (x, meta)) in enumerate(zip(oracles, graphs, worlds)):
         assert graph.output is outputs[i], "a replay must refresh graph.output in place, from any thread"
         assert (graph.segment_count, graph.break_count) == (2, 1), (graph.segment_count, graph.break_count)
         _refill(x, meta, make_tensor, seed=900 + i)
-        oracle.replay(graph, programs[i], inputs=[x, meta["scale"]], thread=_THREADS[i], after="both threads ended")
+        oracle.replay(graph, programs[i], inputs=[x, meta["scale"]], thread=names[i], after="every thread ended")
 
 
 def _replaying_program(x, *, seen, rendezvous):

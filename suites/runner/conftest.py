@@ -5,7 +5,7 @@ runner=module:attr`` runs these suites."""
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import pytest
@@ -27,12 +27,14 @@ def build_runner(runner_factory: Callable[..., Any], graph_capturer: Any,
     :meth:`harness.oracle.Checker.construct`: its construction must leave the model and the process as they
     were (no parameter, buffer, hook, flag or ``forward`` changed; random state restored for the caller)."""
 
-    def build(model: torch.nn.Module, *, buckets: tuple[int, ...] = BUCKETS, strict_discovery: bool = False) -> Any:
+    def build(model: torch.nn.Module, *, buckets: Iterable[int] = BUCKETS, strict_discovery: bool = False) -> Any:
         __tracebackhide__ = True
         checker = Checker("runner", context=lambda **details: context_of(request, **details))
+        # Described without iterating them: buckets given as a one-shot iterable must reach the runner whole.
+        described = list(buckets) if isinstance(buckets, (tuple, list)) else repr(buckets)
         return checker.construct(
             lambda: runner_factory(model, buckets=buckets, graphs=graph_capturer, strict_discovery=strict_discovery),
-            modules=[model], model=type(model).__name__, buckets=list(buckets))
+            modules=[model], model=type(model).__name__, buckets=described)
 
     return build
 

@@ -5,9 +5,10 @@ Every call goes through ``check_run`` (harness.oracle) under a drawn calling mod
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from harness.compare import assert_equivalent
@@ -145,23 +146,42 @@ def test_a_request_does_not_depend_on_its_batchmates(zoo_runner, check_run, fail
 
 
 ORDER_BUCKETS = (2, 4, 8)
+# The forms a caller may give ``buckets`` in: any iterable of ints (docs/runner.md: ``Iterable[int]``), a one-shot
+# generator included. numpy and 0-d tensor scalars are not ints: a runner takes them as their values or refuses
+# them with BucketError, never builds something else from them.
+BUCKET_FORMS = {
+    "tuple": tuple,
+    "list": list,
+    "generator": lambda sizes: (size for size in sizes),
+    "numpy scalars": lambda sizes: [np.int64(size) for size in sizes],
+    "0-d tensors": lambda sizes: [torch.tensor(size) for size in sizes],
+}
+_SCALAR_FORMS = ("numpy scalars", "0-d tensors")
 
 
 @pytest.mark.clause("buckets-and-padding")
+@example(buckets=[8, 2], calls=[[3], [2]], seed=0, calling=CALLING_MODES[0], form="generator").via("one-shot buckets")
 @given(buckets=st.lists(st.sampled_from(ORDER_BUCKETS), min_size=1, max_size=4),
        calls=st.lists(st.integers(1, ORDER_BUCKETS[-1] + 2).flatmap(lambda total: split_strategy(total, 4)),
                       min_size=2, max_size=4),
-       seed=SEEDS, calling=CALLING)
-def test_buckets_and_batch_sizes_in_any_order(build_runner, check_run, device, buckets, calls, seed, calling):
-    """Configuration orders: the buckets given in any order (repeated ones refused with BucketError), then
-    batch sizes in any order, repeated, and past the largest bucket; each call replays the smallest bucket
-    holding it (or runs eagerly) and equals eager, whatever ran before it."""
+       seed=SEEDS, calling=CALLING, form=st.sampled_from(sorted(BUCKET_FORMS)))
+def test_buckets_and_batch_sizes_in_any_order(build_runner, check_run, device, buckets, calls, seed, calling, form):
+    """Configuration orders and forms: the buckets given in any order and any form a caller may use (repeated ones
+    refused with BucketError), then batch sizes in any order, repeated, and past the largest bucket; each call
+    replays the smallest bucket holding it (or runs eagerly) and equals eager, whatever ran before it."""
     model = build_model("dense", seed=SEED, device=device)
+    given_as = BUCKET_FORMS[form]
     if len(set(buckets)) != len(buckets):
         with pytest.raises(BucketError):
-            build_runner(model, buckets=tuple(buckets))
+            build_runner(model, buckets=given_as(buckets))
         return
-    runner = build_runner(model, buckets=tuple(buckets))
+    if form in _SCALAR_FORMS:
+        try:
+            runner = build_runner(model, buckets=given_as(buckets))
+        except BucketError:
+            return  # refused loudly, as the contract allows for scalars that are not ints
+    else:
+        runner = build_runner(model, buckets=given_as(buckets))
     ordered = tuple(sorted(buckets))
     assert tuple(runner.buckets) == ordered, f"buckets given as {buckets} must read ascending: {runner.buckets}"
     sizes = [sum(lengths) for lengths in calls]
@@ -171,5 +191,5 @@ def test_buckets_and_batch_sizes_in_any_order(build_runner, check_run, device, b
         bucket = select_bucket(total, ordered) if total <= ordered[-1] else None
         before = _counters(runner, bucket)
         check_run(runner, model, batch, mode=calling, buckets=ordered, model="dense", seed=seed + step,
-                  buckets_given=list(buckets), call=f"{step + 1} of {len(calls)}: sizes {sizes}")
+                  buckets_given=list(buckets), buckets_form=form, call=f"{step + 1} of {len(calls)}: sizes {sizes}")
         _assert_one_call_counted(runner, batch, bucket, before)

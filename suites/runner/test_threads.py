@@ -1,16 +1,16 @@
-"""Concurrent callers (docs/runner.md): two runners, each over its own model, called from two threads at once.
+"""Concurrent callers (docs/runner.md): runners, each over its own model, called from 1 to 8 threads at once.
 
 Each thread's calls go through ``check_run`` with a checker of their own, so every result is compared with eager
-on that thread's model and batch, and each thread's results must survive the other thread's calls. The calls
-overlap in one order set by the test, not by the scheduler: at each step one thread leads (they alternate). The
-other thread starts its runner call only once the leader's call has reached its layer stack (a forward pre-hook),
-and the leader's stack runs only once the other's call has reached its own: the leader's layer stack then runs
-while both calls are under way (each runner's layer forward patched, its forward context published), the leader's
-call begun first. The other's stack runs after the leader's has returned, while the leader's call may still be
-finishing. The two stacks never run at once: a runner that sends one thread's call into the other's graph is then
-caught by values or shapes, not by two threads launching one CUDA graph at once, which CUDA leaves undefined (a run
-could hang instead of fail). The order is the same at every run: a race that would pass in the scheduler's
-favourite order is met in both orders."""
+on that thread's model and batch, and each thread's results must survive the other threads' calls. The calls
+overlap in one order set by the test, not by the scheduler: at each step one thread leads (in turn). The others
+start their runner calls only once the leader's call has reached its layer stack (a forward pre-hook), and the
+leader's stack runs only once every other call has reached its own: the leader's layer stack then runs while all
+calls are under way (each runner's layer forward patched, its forward context published), the leader's call begun
+first. The others' stacks run after the leader's has returned, one after another in thread order, while the earlier
+calls may still be finishing. No two stacks run at once: a runner that sends one thread's call into another's graph
+is then caught by values or shapes, not by threads launching one CUDA graph at once, which CUDA leaves undefined (a
+run could hang instead of fail). The order is the same at every run: a race that would pass in the scheduler's
+favourite order is met in every thread's turn as leader."""
 
 from __future__ import annotations
 
@@ -18,82 +18,102 @@ import threading
 
 import pytest
 import torch
+from hypothesis import example, given
+from hypothesis import strategies as st
 
 from harness.models import build_model
 from harness.oracle import Checker
 from harness.oracle.concurrency import Signals, run_in_threads
+from harness.plugin.profiles import capped_examples
 from harness.runner.cases import SEED, make_batch
 
 pytestmark = pytest.mark.clause("concurrent-runners")
 
-_THREADS = ("first thread", "second thread")
+_MAX_THREADS = 8
 _BUCKETS = (4, 8)
-# Per thread: the request lengths of each call, every one replayed; the same number of calls in both threads, each
-# call of one overlapping the call of the other at the same step.
-_LENGTHS = (((3, 2), (1,), (2, 2, 2)), ((4,), (1, 3, 2, 1), (2, 1)))
+# The request lengths of each call, thread i taking them from position i on (every one replayed); the same number
+# of calls in every thread, each call of one overlapping the calls of the others at the same step.
+_LENGTHS = ((3, 2), (1,), (2, 2, 2), (4,), (1, 3, 2, 1), (2, 1), (5,), (1, 1, 1, 1, 1, 1), (7, 1), (2, 3))
+_STEPS = 3
 
 
-def test_two_runners_run_from_two_threads_at_once(build_runner, check_run, failure_context, device):
-    """Runners over two models (weights of their own, so a call served by the other runner's graph shows), built
-    one after the other, replay from two threads at once, each thread leading at every other step: each call equals
-    eager on its own model and batch."""
-    models = [build_model("dense", seed=SEED + index, dtype=torch.float32, device=device)
-              for index in range(len(_THREADS))]
+@example(threads=2).via("the pair every engine has")
+@example(threads=3).via("one more than a pair")
+@example(threads=_MAX_THREADS).via("the most callers drawn")
+@capped_examples(1)
+@given(threads=st.integers(1, _MAX_THREADS))
+def test_runners_run_from_threads_at_once(build_runner, failure_context, device, check_run, threads):
+    """Runners over models of their own (weights of their own, so a call served by another runner's graph shows),
+    built one after the other, replay from a drawn number of threads (1 to 8) at once, a different thread leading
+    at each step: each call equals eager on its own model and batch. At each step the leader's call reaches its
+    layer stack first and holds it until every other call has reached its own; the others' stacks then run one after
+    another, in the order of the threads after the leader, each once the previous one has returned."""
+    names = [f"thread {i + 1} of {threads}" for i in range(threads)]
+    models = [build_model("dense", seed=SEED + index, dtype=torch.float32, device=device) for index in range(threads)]
     runners = [build_runner(model, buckets=_BUCKETS) for model in models]
-    order = Signals()  # keys: (step, what happened)
+    order = Signals()  # keys: (step, thread index or "leader", what happened)
     here = threading.local()  # this thread's index and step, while its runner call is under way
 
-    def leads(index: int, step: int) -> bool:
-        return step % len(_THREADS) == index
+    def leader(step: int) -> int:
+        return step % threads
+
+    def previous(index: int, step: int) -> int:
+        """The thread whose stack runs just before this one's at ``step``."""
+        return (index - 1) % threads
 
     def arrive(module, args):
         if getattr(here, "step", None) is None or getattr(here, "arrived", False):
             return  # an eager twin's forward, or the stack again in the same call
         here.arrived = True
-        if leads(here.index, here.step):
-            order.give((here.step, "leader at its stack"))
-            order.wait((here.step, "follower at its stack"))
+        index, step = here.index, here.step
+        if index == leader(step):
+            order.give((step, "leader", "at its stack"))
+            for other in range(threads):
+                if other != index:
+                    order.wait((step, other, "at its stack"))
         else:
-            order.give((here.step, "follower at its stack"))
-            order.wait((here.step, "leader's stack returned"))
+            order.give((step, index, "at its stack"))
+            order.wait((step, previous(index, step), "stack returned"))
 
     def leave(module, args, output):
-        if getattr(here, "step", None) is not None and leads(here.index, here.step):
-            order.give((here.step, "leader's stack returned"))
+        if getattr(here, "step", None) is not None:
+            order.give((here.step, here.index, "stack returned"))
 
     for runner in runners:
         runner.discovery.module.register_forward_pre_hook(arrive)
         runner.discovery.module.register_forward_hook(leave, always_call=True)
-    checkers = [Checker("runner", context=failure_context) for _ in _THREADS]
+    checkers = [Checker("runner", context=failure_context) for _ in names]
 
     def calls(index):
         def body():
-            for step, lengths in enumerate(_LENGTHS[index]):
+            for step in range(_STEPS):
+                lengths = _LENGTHS[(index + step) % len(_LENGTHS)]
                 batch = make_batch("dense", list(lengths), seed=60 + 10 * index + step, dtype=torch.float32,
                                    device=device, hidden_mode="last")
 
                 def run(batch, step=step):  # the runner call, in this step's order
-                    leader = leads(index, step)
-                    if not leader:
-                        order.wait((step, "leader at its stack"))
+                    leads = index == leader(step)
+                    if not leads:
+                        order.wait((step, "leader", "at its stack"))
                     here.index, here.step, here.arrived = index, step, False
                     try:
                         return runners[index].run(batch)
                     finally:
                         here.step = None
                         # a call that ended without reaching its stack (or failed) holds no one up
-                        for what in (("leader at its stack", "leader's stack returned") if leader
-                                     else ("follower at its stack",)):
-                            order.give((step, what))
+                        if leads:
+                            order.give((step, "leader", "at its stack"))
+                        order.give((step, index, "at its stack"))
+                        order.give((step, index, "stack returned"))
 
                 check_run(runners[index], models[index], batch, via=run, buckets=_BUCKETS, checker=checkers[index],
-                          model="dense", thread=_THREADS[index], step=step)
+                          model="dense", thread=names[index], threads=threads, step=step)
 
         return body
 
-    run_in_threads([calls(0), calls(1)], rendezvous=order, names=_THREADS)
+    run_in_threads([calls(i) for i in range(threads)], rendezvous=order, names=names)
     for index, (runner, model) in enumerate(zip(runners, models)):
-        assert runner.stats.replays == len(_LENGTHS[index]) and runner.stats.eager_fallbacks == 0, runner.stats
+        assert runner.stats.replays == _STEPS and runner.stats.eager_fallbacks == 0, runner.stats
         check_run(runner, model, make_batch("dense", [3], seed=90 + index, dtype=torch.float32, device=device),
-                  buckets=_BUCKETS, checker=checkers[index], model="dense", thread=_THREADS[index],
-                  after="both threads ended")
+                  buckets=_BUCKETS, checker=checkers[index], model="dense", thread=names[index],
+                  after="every thread ended")

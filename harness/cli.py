@@ -1,4 +1,5 @@
-"""``python -m harness`` (also ``graph-harness``): ``list``, ``selfcheck``, ``bench``, ``report``, ``conformance``.
+"""``python -m harness`` (also ``graph-harness``): ``list``, ``selfcheck``, ``bench``, ``report``, ``conformance``,
+``mutate``.
 
 :func:`build_parser` defines every subcommand and its options (``--help`` shows them); :func:`main` is
 the entry point."""
@@ -184,6 +185,22 @@ def _conformance(arguments: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def _mutate(arguments: argparse.Namespace) -> int:
+    """Mutation-test the references with mutmut; exit 1 on an untriaged survivor or an area below the goal."""
+    from harness import mutation
+
+    if not locations.is_checkout():
+        raise HarnessError("mutate runs in a checkout: it copies the checkout's harness/, suites/ and golden/ and "
+                           "reads the triage files in docs/mutation/")
+    root = locations.project_root()
+    if arguments.show:
+        print(mutation.show_mutant(root, arguments.show))
+        return 0
+    json_path = Path(arguments.json) if arguments.json else None
+    return mutation.run_mutation(arguments.area or [], root=root, state=root, jobs=arguments.jobs,
+                                 sample=arguments.sample, seed=arguments.seed, json_path=json_path)
+
+
 def _bench(rest: list[str]) -> int:
     # The bench package owns its command line (shared options, one subcommand per benchmark).
     from harness.bench.command import BENCHMARKS
@@ -210,6 +227,12 @@ def _version() -> str:
         import harness
 
         return harness.__version__
+
+
+def _mutation_areas() -> list[str]:
+    from harness.mutation.areas import AREAS
+
+    return list(AREAS)
 
 
 def build_parser(prog: str = "python -m harness") -> argparse.ArgumentParser:
@@ -274,6 +297,20 @@ def build_parser(prog: str = "python -m harness") -> argparse.ArgumentParser:
                          help="stop the suite after this long and report what finished (the rest: not run)")
     conform.add_argument("--out", default="conformance",
                          help="folder for the Markdown and JSON (default ./conformance)")
+    mutate = commands.add_parser(
+        "mutate", help="mutation-test the references (mutmut) and score the suites against the triage files",
+        description="Runs mutmut 3.8.1 (installed on first use into .harness_cache/mutmut-site) over the reference "
+                    "modules of each area in a scratch copy (.harness_cache/mutation), classifies every survivor by "
+                    "docs/mutation/<area>.json and prints, per area, the counts and the score killed / (mutants - "
+                    "equivalent - message-only). Exits 1 when a survivor is untriaged or an area scores below 90%. "
+                    "docs/mutation.md says how to triage a survivor.")
+    mutate.add_argument("--area", action="append", choices=sorted(_mutation_areas()),
+                        help="limit to this area (repeatable; default: every area)")
+    mutate.add_argument("--sample", type=int, metavar="N", help="run N mutants per area, picked at random with --seed")
+    mutate.add_argument("--seed", type=int, default=0, help="the seed of --sample (default %(default)s)")
+    mutate.add_argument("--jobs", type=int, default=2, help="mutants tested at once (default %(default)s)")
+    mutate.add_argument("--json", metavar="PATH", help="also write the scores and survivors as JSON here")
+    mutate.add_argument("--show", metavar="MUTANT", help="print the diff of a mutant of the last run, and exit")
     commands.add_parser("bench", help="benchmarks that print a table and write JSON (bench --help)", add_help=False)
     return parser
 
@@ -292,6 +329,8 @@ def main(argv: list[str] | None = None, *, prog: str | None = None) -> int:
             return _report(arguments)
         if arguments.command == "conformance":
             return _conformance(arguments)
+        if arguments.command == "mutate":
+            return _mutate(arguments)
         return _bench(rest)
     except HarnessError as error:
         print(f"error: {error}", file=sys.stderr)

@@ -139,7 +139,8 @@ def _kill_matrix_changes(root: Path, outcomes: list, *, check: bool, update: boo
 
 
 def _report(arguments: argparse.Namespace) -> int:
-    """Render a --harness-report JSON and/or a selfcheck --json as Markdown (for a CI step summary)."""
+    """Render a --harness-report JSON, a selfcheck --json and/or a mutate --json as Markdown (for a CI step
+    summary)."""
     import json
 
     from harness.plugin.report import annotations, format_markdown, write_step_summary
@@ -162,7 +163,13 @@ def _report(arguments: argparse.Namespace) -> int:
         if not Path(arguments.constraints).is_file():
             raise HarnessError(f"--constraints {arguments.constraints}: no such file")
         pins = read_pins(arguments.constraints)
-    write_step_summary(format_markdown(read(arguments.run_report), read(arguments.selfcheck), pins=pins))
+    if arguments.run_report or arguments.selfcheck or not arguments.mutation:
+        write_step_summary(format_markdown(read(arguments.run_report), read(arguments.selfcheck), pins=pins))
+    mutation_run = read(arguments.mutation)
+    if mutation_run is not None:
+        from harness.mutation.score import format_markdown as mutation_markdown
+
+        write_step_summary(mutation_markdown(mutation_run))
     for junit in arguments.annotate or []:
         for line in annotations(junit):
             print(line)
@@ -274,6 +281,7 @@ def build_parser(prog: str = "python -m harness") -> argparse.ArgumentParser:
     summary = commands.add_parser("report", help="a run report and/or kill matrix as Markdown ($GITHUB_STEP_SUMMARY)")
     summary.add_argument("--run-report", metavar="PATH", help="JSON written by pytest --harness-report")
     summary.add_argument("--selfcheck", metavar="PATH", help="JSON written by selfcheck --json")
+    summary.add_argument("--mutation", metavar="PATH", help="JSON written by mutate --json: the mutation score")
     summary.add_argument("--constraints", metavar="PATH",
                          help="set the run report's upstream versions beside this constraints file's pins (the "
                               "drift job: what moved since the goldens were recorded)")

@@ -100,6 +100,7 @@ def run_mutation(area_names: Sequence[str], *, root: Path, state: Path, jobs: in
     print(report(evaluation))
     print(f"{len(mutants)} mutants in {wall:.0f} s ({wall / max(len(mutants), 1):.1f} s per mutant, --jobs {jobs})")
     if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(_as_json(evaluation, mutants, wall, sample=sample, seed=seed), indent=1) + "\n")
     return 0 if evaluation.ok else 1
 

@@ -1,5 +1,6 @@
 """Runs mutmut 3.8.1 in a scratch copy of the checkout; executed as a script, never imported by the harness.
 
+SITE is the folder mutmut was installed into, or ``-`` where the environment has it.
 ``python _mutmut_driver.py SITE list OUT``: generate the mutants, write ``{file: [mutant name, ...]}`` to OUT.
 ``python _mutmut_driver.py SITE run JOBS [NAME...]``: run the tests against the mutants (all, or those named).
 ``python _mutmut_driver.py SITE results OUT``: write ``[{file, name, exit_code, diff}, ...]`` to OUT.
@@ -16,7 +17,9 @@ import sys
 from pathlib import Path
 
 del sys.path[0]  # this script's folder (harness/mutation of the original checkout) must not shadow anything
-sys.path.append(sys.argv.pop(1))  # mutmut's own install, after the environment's packages (pytest, torch, ...)
+_site = sys.argv.pop(1)
+if _site != "-":  # "-": the environment has mutmut
+    sys.path.append(_site)  # mutmut's own install, after the environment's packages (pytest, torch, ...)
 
 
 class _SuitesOfTheCopy(importlib.abc.MetaPathFinder):

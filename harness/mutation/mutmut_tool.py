@@ -6,6 +6,7 @@ mutmut is not a dependency of the harness: it is installed on first use into a f
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import random
@@ -37,8 +38,11 @@ _STATUS_BY_EXIT_CODE = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 
                         -11: "segfault", -9: "segfault"}
 
 
-def ensure_mutmut(site: Path, *, log: Callable[[str], None] = print) -> Path:
-    """``site``, holding mutmut (installed there with pip on first use)."""
+def ensure_mutmut(site: Path, *, log: Callable[[str], None] = print) -> Path | None:
+    """Where mutmut is: None where the environment has it (the ``mutation`` extra), else ``site``, where it is
+    installed with pip on first use."""
+    if importlib.util.find_spec("mutmut") is not None:
+        return None
     if not (site / "mutmut" / "__init__.py").exists():
         log(f"installing {MUTMUT_REQUIREMENT} into {site} (once)")
         completed = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--target", str(site),
@@ -77,8 +81,8 @@ def mutmut_config(areas: Sequence[Area]) -> str:
             'pytest_add_cli_args = ["-p", "no:cacheprovider", "-p", "no:xdist"]\n')
 
 
-def _driver(site: Path, scratch: Path, log_file: Path, *arguments: str) -> None:
-    command = [sys.executable, str(_DRIVER), str(site), *arguments]
+def _driver(site: Path | None, scratch: Path, log_file: Path, *arguments: str) -> None:
+    command = [sys.executable, str(_DRIVER), str(site) if site else "-", *arguments]
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
     with log_file.open("a") as log:
         log.write(f"$ {' '.join(command)}\n")
@@ -98,7 +102,7 @@ def _sample(names_by_file: dict[str, list[str]], areas: Sequence[Area], count: i
     return chosen
 
 
-def run_mutmut(site: Path, scratch: Path, areas: Sequence[Area], *, jobs: int, sample: int | None = None,
+def run_mutmut(site: Path | None, scratch: Path, areas: Sequence[Area], *, jobs: int, sample: int | None = None,
                seed: int = 0) -> tuple[list[Mutant], dict[str, int]]:
     """Run mutmut over ``areas`` in ``scratch`` (prepared by :func:`prepare_scratch`): every mutant, or ``sample``
     of each area's picked with ``seed``. Returns the mutants run and each area's mutant count."""

@@ -7,7 +7,7 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["AreaScore", "GOAL", "score_area", "format_scores"]
+__all__ = ["AreaScore", "GOAL", "score_area", "format_scores", "format_markdown"]
 
 #: The share of non-equivalent mutants the suites must kill (issue 45).
 GOAL = 0.9
@@ -63,3 +63,24 @@ def format_scores(scores: Iterable[AreaScore]) -> str:
                      str(s.untriaged), f"{s.killed}/{s.judged} = {100 * s.score:.1f}%"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows)
+
+
+def format_markdown(run: dict[str, Any]) -> str:
+    """The Markdown of a run's JSON (``mutate --json``): the score table, and the untriaged survivors by name."""
+    sample = run.get("sample")
+    title = ("### Mutation score" + (f" (a sample of {sample} mutants per area, seed {run.get('seed')})"
+                                     if sample is not None else ""))
+    lines = [title, "", "| area | mutants | killed | equivalent | message-only | missed | untriaged | score |",
+             "|---|---:|---:|---:|---:|---:|---:|---|"]
+    for area in run["areas"]:
+        of = f" of {area['sampled_from']}" if area.get("sampled_from") is not None else ""
+        lines.append(f"| {area['area']} | {area['mutants']}{of} | {area['killed']} | {area['equivalent']} | "
+                     f"{area['message_only']} | {area['missed']} | {area['untriaged']} | "
+                     f"{area['killed']}/{area['judged']} = {100 * area['score']:.1f}% |")
+    untriaged = [s for s in run.get("survivors", []) if s["verdict"] == "untriaged"]
+    if untriaged:
+        lines += ["", f"Untriaged survivors (goal: none, and at least {100 * GOAL:.0f}% killed):", ""]
+        lines += [f"- {s['area']}: `{s['function']}`: `{s['mutation']}` "
+                  f"(`python -m harness mutate --show {s['name']}`)" for s in untriaged]
+    lines.append(f"\n{run.get('wall_seconds')} s in all.\n")
+    return "\n".join(lines)

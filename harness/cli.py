@@ -204,6 +204,8 @@ def _mutate(arguments: argparse.Namespace) -> int:
         print(mutation.show_mutant(root, arguments.show))
         return 0
     json_path = Path(arguments.json) if arguments.json else None
+    if arguments.rescore:
+        return mutation.rescore(root=root, state=root, json_path=json_path)
     return mutation.run_mutation(arguments.area or [], root=root, state=root, jobs=arguments.jobs,
                                  sample=arguments.sample, seed=arguments.seed, json_path=json_path)
 
@@ -319,6 +321,8 @@ def build_parser(prog: str = "python -m harness") -> argparse.ArgumentParser:
     mutate.add_argument("--jobs", type=int, default=2, help="mutants tested at once (default %(default)s)")
     mutate.add_argument("--json", metavar="PATH", help="also write the scores and survivors as JSON here")
     mutate.add_argument("--show", metavar="MUTANT", help="print the diff of a mutant of the last run, and exit")
+    mutate.add_argument("--rescore", action="store_true",
+                        help="judge the last run again by the triage files as they are now, without running mutmut")
     commands.add_parser("bench", help="benchmarks that print a table and write JSON (bench --help)", add_help=False)
     return parser
 

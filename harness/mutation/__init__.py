@@ -16,16 +16,18 @@ from typing import Any
 
 from harness.errors import HarnessError
 from harness.mutation.areas import AREAS, Area, get_area
-from harness.mutation.mutmut_tool import RESULTS_FILE, ensure_mutmut, prepare_scratch, run_mutmut
+from harness.mutation.mutmut_tool import RESULTS_FILE, ensure_mutmut, prepare_scratch, read_results, run_mutmut
 from harness.mutation.score import GOAL, AreaScore, format_scores, score_area
 from harness.mutation.triage import Mutant, TriageEntry, classify, load_triage
 
-__all__ = ["AREAS", "Evaluation", "evaluate", "run_mutation", "show_mutant", "SCRATCH_DIR", "SITE_DIR"]
+__all__ = ["AREAS", "Evaluation", "evaluate", "report", "run_mutation", "rescore", "show_mutant", "SCRATCH_DIR",
+           "SITE_DIR"]
 
 #: Under the harness's state folder (gitignored ``.harness_cache/`` of a checkout): the copy mutmut works in, and
 #: mutmut's own install.
 SCRATCH_DIR = Path(".harness_cache") / "mutation"
 SITE_DIR = Path(".harness_cache") / "mutmut-site"
+_RUN_FILE = "run.json"  # what the last run was (areas, the mutants run, sample, time): for --rescore
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +98,28 @@ def run_mutation(area_names: Sequence[str], *, root: Path, state: Path, jobs: in
           + (f" (a sample of {sample} per area, seed {seed})" if sample is not None else ""), flush=True)
     mutants, totals = run_mutmut(site, scratch, areas, jobs=jobs, sample=sample, seed=seed)
     wall = time.perf_counter() - started
+    scratch.mkdir(parents=True, exist_ok=True)
+    (scratch / _RUN_FILE).write_text(json.dumps({"areas": [a.name for a in areas], "names": [m.name for m in mutants],
+                                                 "totals": totals, "sample": sample, "seed": seed,
+                                                 "wall_seconds": round(wall, 1), "jobs": jobs}))
+    return _finish(mutants, areas, root=root, totals=totals, wall=wall, jobs=jobs, sample=sample, seed=seed,
+                   json_path=json_path)
+
+
+def rescore(*, root: Path, state: Path, json_path: Path | None = None) -> int:
+    """Judge the last run again by the triage files as they are now, without running mutmut (for triaging)."""
+    scratch = state / SCRATCH_DIR
+    if not (scratch / _RUN_FILE).exists():
+        raise HarnessError(f"no mutation run left its results in {scratch}; run python -m harness mutate first")
+    run = json.loads((scratch / _RUN_FILE).read_text())
+    mutants = read_results(scratch, run["names"])
+    return _finish(mutants, [get_area(name) for name in run["areas"]], root=root, totals=run["totals"],
+                   wall=run["wall_seconds"], jobs=run["jobs"], sample=run["sample"], seed=run["seed"],
+                   json_path=json_path)
+
+
+def _finish(mutants: Sequence[Mutant], areas: Sequence[Area], *, root: Path, totals: dict[str, int], wall: float,
+            jobs: int, sample: int | None, seed: int, json_path: Path | None) -> int:
     evaluation = evaluate(mutants, areas, root=root, sampled_from=None if sample is None else totals)
     print(report(evaluation))
     print(f"{len(mutants)} mutants in {wall:.0f} s ({wall / max(len(mutants), 1):.1f} s per mutant, --jobs {jobs})")

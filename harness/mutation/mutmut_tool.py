@@ -21,7 +21,7 @@ from harness.mutation.areas import Area, area_of_file
 from harness.mutation.triage import Mutant, function_of, mutation_of, with_occurrences
 
 __all__ = ["MUTMUT_REQUIREMENT", "RESULTS_FILE", "COPIED", "ensure_mutmut", "prepare_scratch", "mutmut_config",
-           "run_mutmut"]
+           "run_mutmut", "read_results"]
 
 #: The pin, as in pyproject's ``mutation`` extra and constraints.txt.
 MUTMUT_REQUIREMENT = "mutmut==3.8.1"
@@ -77,8 +77,9 @@ def mutmut_config(areas: Sequence[Area]) -> str:
             f"only_mutate = {json.dumps(files)}\n"
             f"also_copy = {json.dumps(also_copy)}\n"
             f"pytest_add_cli_args_test_selection = {json.dumps(suites)}\n"
-            # xdist off: mutmut maps tests to functions in its own process; no cache written into the copy.
-            'pytest_add_cli_args = ["-p", "no:cacheprovider", "-p", "no:xdist"]\n')
+            # xdist off: mutmut maps tests to functions in its own process; no cache written into the copy. The ci
+            # hypothesis profile, as the kill matrix's: derandomized examples, so a verdict is the same every run.
+            'pytest_add_cli_args = ["-p", "no:cacheprovider", "-p", "no:xdist", "--hypothesis-profile", "ci"]\n')
 
 
 def _driver(site: Path | None, scratch: Path, log_file: Path, *arguments: str) -> None:
@@ -113,13 +114,19 @@ def run_mutmut(site: Path | None, scratch: Path, areas: Sequence[Area], *, jobs:
     totals = {area.name: sum(len(names_by_file.get(file, [])) for file in area.files) for area in areas}
     chosen = None if sample is None else _sample(names_by_file, areas, sample, seed)
     _driver(site, scratch, log_file, "run", str(jobs), *(chosen or []))
-    results = scratch / RESULTS_FILE
-    _driver(site, scratch, log_file, "results", str(results))
+    _driver(site, scratch, log_file, "results", str(scratch / RESULTS_FILE))
+    return read_results(scratch, chosen), totals
+
+
+def read_results(scratch: Path, names: Sequence[str] | None = None) -> list[Mutant]:
+    """The mutants of the last run in ``scratch`` (those of ``names`` where given), keyed as the triage files
+    key them."""
     mutants = [Mutant(area=area_of_file(row["file"]).name, name=row["name"], function=function_of(row["name"]),
                       mutation=mutation_of(row["diff"]), diff=row["diff"],
                       status=_STATUS_BY_EXIT_CODE.get(row["exit_code"], "suspicious"))
-               for row in json.loads(results.read_text())]
+               for row in json.loads((scratch / RESULTS_FILE).read_text())]
     mutants.sort(key=lambda m: (m.area, m.function, int(m.name.rpartition("__mutmut_")[2])))
     # occurrences count over every mutant of a function, so that a sample keys its mutants as a whole run does
     numbered = with_occurrences(mutants)
-    return [m for m in numbered if chosen is None or m.name in set(chosen)], totals
+    wanted = None if names is None else set(names)
+    return [m for m in numbered if wanted is None or m.name in wanted]

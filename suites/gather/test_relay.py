@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -161,38 +162,64 @@ def test_resolved_extras_outlive_the_next_resolve(check_gather, device):
     relay.resolve(torch.tensor([1, 4], device=device))
 
 
-# Each misuse a caller can make, and the words its refusal must contain.
-_MISUSES = {
-    "size": "pool >= 1, topk >= 1 and hidden_size >= 1",
-    "slot-range": "are outside",
-    "slot-kind": "must be a 1-D int32 or int64 tensor",
-    "value-shape": "must have shape",
-    "hidden-missing": "hidden_states must have shape",
-    "hidden-extra": "keeps no hidden states",
-    "negative-token": "output_tokens must be >= 0",
-    "gather-result": "a gather must return",
-}
+@pytest.mark.clause("relay-misuse")
+@pytest.mark.parametrize("hidden_size", [None, 4])
+@pytest.mark.parametrize("argument", ["pool", "topk", "hidden_size"])
+@pytest.mark.parametrize("bad", [0, -1, -(2**31)])
+def test_sizes_below_one_are_refused(device, argument, bad, hidden_size):
+    sizes = dict(pool=3, topk=2, hidden_size=hidden_size)
+    sizes[argument] = bad
+    with pytest.raises(GatherContractError, match="pool >= 1, topk >= 1 and hidden_size >= 1"):
+        SpecExtrasRelay(sizes.pop("pool"), **sizes, device=device)
+
+
+def _misuses(slots: torch.Tensor, values: dict[str, torch.Tensor], held: torch.Tensor, *, pool: int,
+             hidden_size: int | None) -> Iterator[tuple[str, str, torch.Tensor | list, dict | None, Any]]:
+    """Every misuse of one stash of ``values`` into ``slots`` (valid ones) or one resolve of ``held`` (stashed
+    slots): ``(what, the words its refusal must contain, slots, values or None for a resolve, the gather or None)``."""
+    for edge in (pool, pool + 1, 2**31 - 1, -pool - 1, -(2**31)):  # at and past both edges of [-pool, pool)
+        yield f"slot {edge}", "are outside", torch.cat([slots[:-1], torch.tensor([edge])]), values, None
+        yield f"slot {edge}", "are outside", torch.cat([held[:-1], torch.tensor([edge])]), None, None
+    for base, stash_values in ((slots, values), (held, None)):
+        for form, bad in (("2-D", base.reshape(1, -1)), ("0-D", base[0]), ("float", base.double()),
+                          ("bool", base > 0), ("int16", base.to(torch.int16)), ("list", base.tolist())):
+            yield f"{form} slots", "must be a 1-D int32 or int64 tensor", bad, stash_values, None
+    for twin in (int(slots[0]), int(slots[0]) - pool):  # the same slot, or its negative alias
+        yield f"slot twice ({twin})", "name a slot twice", torch.cat([slots, torch.tensor([twin])]), \
+            {name: torch.cat([value, value[:1]]) for name, value in values.items()}, None
+    for name, value in values.items():
+        reshaped = [torch.cat([value, value[:1]])]  # one row too many
+        if len(value) > 1:
+            reshaped.append(value[:1])  # a single row for every slot
+        if value.dim() == 2:
+            reshaped.append(torch.cat([value, value[:, :1]], dim=1))  # one column too many
+        for bad in reshaped:
+            yield f"{name} of shape {tuple(bad.shape)}", "must have shape", slots, {**values, name: bad}, None
+    if hidden_size is None:
+        yield "unexpected hidden_states", "keeps no hidden states", slots, \
+            {**values, "hidden_states": torch.zeros(len(slots), 3)}, None
+    else:
+        missing = {name: value for name, value in values.items() if name != "hidden_states"}
+        yield "no hidden_states", "hidden_states must have shape", slots, missing, None
+    for negative in (-1, -2, -(2**63)):
+        tokens = torch.cat([values["output_tokens"][:-1], torch.tensor([negative])])
+        yield f"token {negative}", "output_tokens must be >= 0", slots, {**values, "output_tokens": tokens}, None
+    for result, gather in (("three outputs", lambda *args: args[1:4]), ("five", lambda *args: (*args[1:5], None)),
+                           ("None", lambda *args: None), ("a tensor", lambda *args: args[1]),
+                           ("a dict", lambda *args: dict(enumerate(args[1:5])))):
+        yield f"a gather returning {result}", "a gather must return", held, None, gather
 
 
 @pytest.mark.clause("relay-misuse")
 @given(pool=st.one_of(st.sampled_from([1, 2]), st.integers(1, 40)), topk=st.integers(1, 5),
-       hidden_size=st.sampled_from([None, 1, 7]), misuse=st.sampled_from(sorted(_MISUSES)),
-       in_resolve=st.booleans(), seed=st.integers(0, 2**32 - 1), data=st.data())
-def test_every_misuse_is_refused_and_changes_nothing(check_gather, device, pool, topk, hidden_size, misuse,
-                                                     in_resolve, seed, data):
-    """A relay refuses each misuse with a :class:`GatherContractError` that names it (sizes below 1, slots outside
-    [-pool, pool) at and past both edges, slots that are not a 1-D int32/int64 tensor, extras of the wrong shape, a
-    (1, topk) ``topk_p`` for several slots, hidden states missing or unexpected, negative tokens, a gather that
-    returns something else than four outputs), and a refused call changes nothing: the slots stashed before are
-    still pending and resolve to what was stashed (:class:`StashedSlots`)."""
-    expected = _MISUSES[misuse]
-    if misuse == "size":
-        bad = data.draw(st.sampled_from([0, -1, -(2**31)]), label="bad size")
-        sizes = dict(pool=pool, topk=topk, hidden_size=hidden_size)
-        sizes[data.draw(st.sampled_from(sorted(sizes)), label="bad argument")] = bad
-        with pytest.raises(GatherContractError, match=expected):
-            SpecExtrasRelay(sizes.pop("pool"), **sizes, device=device)
-        return
+       hidden_size=st.sampled_from([None, 1, 7]), count=st.integers(1, 4), seed=st.integers(0, 2**32 - 1))
+def test_every_misuse_is_refused_and_changes_nothing(check_gather, device, pool, topk, hidden_size, count, seed):
+    """A relay refuses every misuse with a :class:`GatherContractError` that names it (slots outside [-pool, pool)
+    at and past both edges, slots that are not a 1-D int32/int64 tensor, a slot named twice (by itself or its
+    negative alias) in one stash, extras of the wrong shape, such as a (1, topk) ``topk_p`` for several slots,
+    hidden states missing or unexpected, negative tokens, a gather that returns something else than four outputs),
+    and a refused call changes nothing: the slots stashed before are still pending and resolve to what was stashed
+    (:class:`StashedSlots`)."""
     generator = torch.Generator().manual_seed(seed)
     calls = check_gather.anew()
     relay = SpecExtrasRelay(pool, topk=topk, hidden_size=hidden_size, device=device, gather=calls.as_gather())
@@ -200,53 +227,27 @@ def test_every_misuse_is_refused_and_changes_nothing(check_gather, device, pool,
     held = torch.randperm(pool, generator=generator)[:max(1, pool // 2)].sort().values
     _stash_random(relay, held, generator, stashed)
     free = sorted(set(range(pool)) - set(held.tolist()))
-    count = data.draw(st.integers(1, 4), label="slots in the refused call")
-    slots = torch.tensor((free or held.tolist())[:count] if not in_resolve else held.tolist()[:count])
-    values = dict(topk_p=torch.rand(len(slots), topk), topk_index=torch.zeros(len(slots), topk, dtype=torch.int64),
-                  output_tokens=torch.arange(len(slots)))
+    stash_slots = torch.tensor((free or held.tolist())[:count])
+    values = dict(topk_p=torch.rand(len(stash_slots), topk),
+                  topk_index=torch.zeros(len(stash_slots), topk, dtype=torch.int64),
+                  output_tokens=torch.arange(len(stash_slots)))
     if hidden_size is not None:
-        values["hidden_states"] = torch.randn(len(slots), hidden_size)
-    if misuse == "slot-range":
-        edge = data.draw(st.sampled_from([pool, pool + 1, 2**31 - 1, -pool - 1, -(2**31)]), label="bad slot")
-        slots = torch.cat([slots[:-1], torch.tensor([edge])])
-    elif misuse == "slot-kind":
-        form = data.draw(st.sampled_from(["2-D", "0-D", "float", "bool", "int16", "list"]), label="slot form")
-        slots = {"2-D": slots.reshape(1, -1), "0-D": slots[0], "float": slots.double(), "bool": slots > 0,
-                 "int16": slots.to(torch.int16), "list": slots.tolist()}[form]
-    elif misuse == "value-shape":
-        name = data.draw(st.sampled_from(sorted(values)), label="misshapen extra")
-        value = values[name]
-        reshaped = [value[:1], torch.cat([value, value[:1]])]  # a single row for every slot, or one row too many
-        if value.dim() == 2:
-            reshaped.append(torch.cat([value, value[:, :1]], dim=1))  # one column too many
-        values[name] = data.draw(st.sampled_from(reshaped), label="misshapen value")
-        if values[name].shape == value.shape:  # a single row for a single slot is no misuse
-            values[name] = torch.cat([value, value[:1]])
-        in_resolve = False
-    elif misuse in ("hidden-missing", "hidden-extra"):
-        if (hidden_size is None) == (misuse == "hidden-missing"):
-            return  # this relay cannot be misused so
-        if misuse == "hidden-missing":
-            del values["hidden_states"]
+        values["hidden_states"] = torch.randn(len(stash_slots), hidden_size)
+    context = dict(pool=pool, topk=topk, hidden_size=hidden_size, seed=seed)
+    for what, words, slots, given_values, gather in _misuses(stash_slots, values, held[:count], pool=pool,
+                                                             hidden_size=hidden_size):
+        relay.gather = gather or calls.as_gather()
+        on_device = slots.to(device) if isinstance(slots, torch.Tensor) else slots
+        try:
+            if given_values is None:
+                relay.resolve(on_device)
+            else:
+                relay.stash(on_device, **{name: value.to(device) for name, value in given_values.items()})
+        except GatherContractError as refusal:
+            assert words in str(refusal), f"the relay refused {what} with {str(refusal)!r}, not saying {words!r}"
         else:
-            values["hidden_states"] = torch.randn(len(slots), 3)
-        in_resolve = False
-    elif misuse == "negative-token":
-        negative = data.draw(st.sampled_from([-1, -2, -(2**63)]), label="negative token")
-        values["output_tokens"] = torch.cat([values["output_tokens"][:-1], torch.tensor([negative])])
-        in_resolve = False
-    elif misuse == "gather-result":
-        result = data.draw(st.sampled_from(["three", "five", "none", "tensor", "dict"]), label="gather result")
-        relay.gather = lambda *args: {"three": args[1:4], "five": (*args[1:5], None), "none": None,
-                                      "tensor": args[1], "dict": dict(enumerate(args[1:5]))}[result]
-        in_resolve = True
-    with pytest.raises(GatherContractError, match=expected):
-        if in_resolve:
-            relay.resolve(slots.to(device) if isinstance(slots, torch.Tensor) else slots)
-        else:
-            relay.stash(slots.to(device) if isinstance(slots, torch.Tensor) else slots,
-                        **{name: value.to(device) for name, value in values.items()})
-    relay.gather = calls.as_gather()
-    context = dict(pool=pool, topk=topk, hidden_size=hidden_size, misuse=misuse, seed=seed)
-    stashed.check_pending(relay.pending_slots(), **context)
+            pytest.fail(f"the relay accepted {what} in a {'resolve' if given_values is None else 'stash'} "
+                        f"(pool {pool}, topk {topk}, hidden_size {hidden_size}, slots {slots})")
+        relay.gather = calls.as_gather()
+        stashed.check_pending(relay.pending_slots(), **context, misuse=what)
     stashed.resolve(held.to(device), relay.resolve(held.to(device)), **context)

@@ -1,4 +1,5 @@
-"""``python -m harness`` (also ``graph-harness``): ``list``, ``selfcheck``, ``bench``, ``report``, ``conformance``.
+"""``python -m harness`` (also ``graph-harness``): ``list``, ``selfcheck``, ``bench``, ``report``, ``conformance``,
+``mutate``.
 
 :func:`build_parser` defines every subcommand and its options (``--help`` shows them); :func:`main` is
 the entry point."""
@@ -138,7 +139,8 @@ def _kill_matrix_changes(root: Path, outcomes: list, *, check: bool, update: boo
 
 
 def _report(arguments: argparse.Namespace) -> int:
-    """Render a --harness-report JSON and/or a selfcheck --json as Markdown (for a CI step summary)."""
+    """Render a --harness-report JSON, a selfcheck --json and/or a mutate --json as Markdown (for a CI step
+    summary)."""
     import json
 
     from harness.plugin.report import annotations, format_markdown, write_step_summary
@@ -161,7 +163,13 @@ def _report(arguments: argparse.Namespace) -> int:
         if not Path(arguments.constraints).is_file():
             raise HarnessError(f"--constraints {arguments.constraints}: no such file")
         pins = read_pins(arguments.constraints)
-    write_step_summary(format_markdown(read(arguments.run_report), read(arguments.selfcheck), pins=pins))
+    if arguments.run_report or arguments.selfcheck or not arguments.mutation:
+        write_step_summary(format_markdown(read(arguments.run_report), read(arguments.selfcheck), pins=pins))
+    mutation_run = read(arguments.mutation)
+    if mutation_run is not None:
+        from harness.mutation.score import format_markdown as mutation_markdown
+
+        write_step_summary(mutation_markdown(mutation_run))
     for junit in arguments.annotate or []:
         for line in annotations(junit):
             print(line)
@@ -182,6 +190,24 @@ def _conformance(arguments: argparse.Namespace) -> int:
     markdown, document = conformance.write_report(report, arguments.out)
     print(f"\nwritten: {markdown} and {document}")
     return 0 if report.ok else 1
+
+
+def _mutate(arguments: argparse.Namespace) -> int:
+    """Mutation-test the references with mutmut; exit 1 on an untriaged survivor or an area below the goal."""
+    from harness import mutation
+
+    if not locations.is_checkout():
+        raise HarnessError("mutate runs in a checkout: it copies the checkout's harness/, suites/ and golden/ and "
+                           "reads the triage files in docs/mutation/")
+    root = locations.project_root()
+    if arguments.show:
+        print(mutation.show_mutant(root, arguments.show))
+        return 0
+    json_path = Path(arguments.json) if arguments.json else None
+    if arguments.rescore:
+        return mutation.rescore(root=root, state=root, json_path=json_path)
+    return mutation.run_mutation(arguments.area or [], root=root, state=root, jobs=arguments.jobs,
+                                 sample=arguments.sample, seed=arguments.seed, json_path=json_path)
 
 
 def _bench(rest: list[str]) -> int:
@@ -210,6 +236,12 @@ def _version() -> str:
         import harness
 
         return harness.__version__
+
+
+def _mutation_areas() -> list[str]:
+    from harness.mutation.areas import AREAS
+
+    return list(AREAS)
 
 
 def build_parser(prog: str = "python -m harness") -> argparse.ArgumentParser:
@@ -251,6 +283,7 @@ def build_parser(prog: str = "python -m harness") -> argparse.ArgumentParser:
     summary = commands.add_parser("report", help="a run report and/or kill matrix as Markdown ($GITHUB_STEP_SUMMARY)")
     summary.add_argument("--run-report", metavar="PATH", help="JSON written by pytest --harness-report")
     summary.add_argument("--selfcheck", metavar="PATH", help="JSON written by selfcheck --json")
+    summary.add_argument("--mutation", metavar="PATH", help="JSON written by mutate --json: the mutation score")
     summary.add_argument("--constraints", metavar="PATH",
                          help="set the run report's upstream versions beside this constraints file's pins (the "
                               "drift job: what moved since the goldens were recorded)")
@@ -274,6 +307,22 @@ def build_parser(prog: str = "python -m harness") -> argparse.ArgumentParser:
                          help="stop the suite after this long and report what finished (the rest: not run)")
     conform.add_argument("--out", default="conformance",
                          help="folder for the Markdown and JSON (default ./conformance)")
+    mutate = commands.add_parser(
+        "mutate", help="mutation-test the references (mutmut) and score the suites against the triage files",
+        description="Runs mutmut 3.8.1 (installed on first use into .harness_cache/mutmut-site) over the reference "
+                    "modules of each area in a scratch copy (.harness_cache/mutation), classifies every survivor by "
+                    "docs/mutation/<area>.json and prints, per area, the counts and the score killed / (mutants - "
+                    "equivalent - message-only). Exits 1 when a survivor is untriaged or an area scores below 90%. "
+                    "docs/mutation.md says how to triage a survivor.")
+    mutate.add_argument("--area", action="append", choices=sorted(_mutation_areas()),
+                        help="limit to this area (repeatable; default: every area)")
+    mutate.add_argument("--sample", type=int, metavar="N", help="run N mutants per area, picked at random with --seed")
+    mutate.add_argument("--seed", type=int, default=0, help="the seed of --sample (default %(default)s)")
+    mutate.add_argument("--jobs", type=int, default=2, help="mutants tested at once (default %(default)s)")
+    mutate.add_argument("--json", metavar="PATH", help="also write the scores and survivors as JSON here")
+    mutate.add_argument("--show", metavar="MUTANT", help="print the diff of a mutant of the last run, and exit")
+    mutate.add_argument("--rescore", action="store_true",
+                        help="judge the last run again by the triage files as they are now, without running mutmut")
     commands.add_parser("bench", help="benchmarks that print a table and write JSON (bench --help)", add_help=False)
     return parser
 
@@ -292,6 +341,8 @@ def main(argv: list[str] | None = None, *, prog: str | None = None) -> int:
             return _report(arguments)
         if arguments.command == "conformance":
             return _conformance(arguments)
+        if arguments.command == "mutate":
+            return _mutate(arguments)
         return _bench(rest)
     except HarnessError as error:
         print(f"error: {error}", file=sys.stderr)

@@ -20,15 +20,21 @@ _PACKAGE = Path(__file__).resolve().parent
 
 @functools.cache
 def suites_dir() -> Path:
-    """The folder of the packaged suites (``suites/`` of a checkout, ``harness/suites`` of a wheel)."""
+    """The folder of the packaged suites (``suites/`` of a checkout, ``harness/suites`` of a wheel).
+
+    A ``harness`` imported from a checkout has that checkout's suites, even where ``harness.suites`` resolves
+    elsewhere: an editable install of another checkout (a git worktree run with ``PYTHONPATH``) maps that name
+    to its own folder, whose suites and goldens are not the imported harness's."""
+    checkout = _PACKAGE.parent / "suites"
+    if (checkout / "__init__.py").is_file() and (_PACKAGE.parent / "pyproject.toml").is_file():
+        return checkout
     try:
         spec = importlib.util.find_spec("harness.suites")
     except ImportError:
         spec = None
     if spec is not None and spec.origin:
         return Path(spec.origin).resolve().parent
-    checkout = _PACKAGE.parent / "suites"  # a checkout on sys.path without an install
-    if checkout.is_dir():
+    if checkout.is_dir():  # a checkout on sys.path without an install
         return checkout
     raise UsageError("cannot find the harness's suites: neither the package harness.suites nor a checkout's "
                      "suites/ folder; reinstall the harness from a checkout: pip wheel --no-deps --wheel-dir dist "

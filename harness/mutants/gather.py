@@ -365,3 +365,22 @@ def caches_by_version_counter(indices, *buffers) -> GatherOutputs:
     result = compiled_gather(indices, *buffers)
     _PREVIOUS[:] = [(weakref.ref(indices), key, tuple(None if out is None else out.clone() for out in result))]
     return result
+
+
+@MUTANTS.add("token-zero-as-empty", bug="takes bonus token id 0 for padding on its int64 path and returns the "
+             "empty-slot sentinel -1 in its place: a relay resolving a real token 0 refuses it as never stashed")
+def token_zero_as_empty(indices, *buffers) -> GatherOutputs:
+    # A kernel whose output buffer starts filled with its "no token" marker and copies only non-zero ids over it.
+    topk_p, topk_index, bonus, hidden = compiled_gather(indices, *buffers)
+    if bonus.dtype == torch.int64:
+        bonus = torch.where(bonus == 0, torch.full_like(bonus, -1), bonus)
+    return topk_p, topk_index, bonus, hidden
+
+
+@MUTANTS.add("topk-index-pad-clamped", bug="clamps topk_index -1, taken for top-k padding, to 0 on its int64 path so a "
+             "later gather may index with it: a real index -1 comes back 0")
+def topk_index_pad_clamped(indices, *buffers) -> GatherOutputs:
+    topk_p, topk_index, bonus, hidden = compiled_gather(indices, *buffers)
+    if topk_index.dtype == torch.int64:
+        topk_index = torch.where(topk_index == -1, torch.zeros_like(topk_index), topk_index)
+    return topk_p, topk_index, bonus, hidden

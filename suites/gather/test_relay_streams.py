@@ -6,8 +6,9 @@ its previous one); the producer drops its tensors as soon as the call returns an
 sizes at once, filled with other numbers (on CUDA the caching allocator hands it the blocks just freed unless the
 relay recorded them on its stream). The resolved extras are read on the main stream, after it waits
 for the resolving stream, and every gather the relay makes is checked against the oracle on its own stream;
-what the relay hands out and keeps must equal an eager relay run on one stream. On the CPU the streams are the
-emulated model (:func:`harness.graphs.emulated_streams`), which raises where CUDA could reorder or reuse memory.
+what the relay hands out and keeps must equal an eager relay run on one stream, and what was stashed in each slot
+(:class:`StashedSlots`). On the CPU the streams are the emulated model (:func:`harness.graphs.emulated_streams`),
+which raises where CUDA could reorder or reuse memory.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import torch
 from harness.compare import assert_equivalent
 from harness.gather import SpecExtrasRelay
 from harness.graphs import Streams, emulated_streams, streams_for
+
+from .relay_oracle import StashedSlots
 
 pytestmark = pytest.mark.clause("streams")
 
@@ -125,6 +128,12 @@ def test_relay_across_two_streams_matches_the_eager_relay(check_gather, device, 
         context = dict(stash_on=stash_on, resolve_on=resolve_on, hidden_size=hidden_size,
                        resolved_slots=[step["resolved"] for step in plan])
         assert_equivalent(resolved, expected, exact=True, context=context)
+        stashed = StashedSlots(POOL, TOPK, hidden_size, torch.bfloat16)  # what was stashed, not another relay
+        for number, (step, extras) in enumerate(zip(plan, resolved)):
+            values = dict(step["stash"])
+            stashed.stash(values.pop("slots"), **values)
+            stashed.resolve(step["indices"], extras, **context, step=number)
+        stashed.check_pending(relay.pending_slots(), **context)
         assert relay.pending_slots() == oracle.pending_slots() == plan[-1]["pending"], (
             f"the relay holds slots {relay.pending_slots()}, the eager relay {oracle.pending_slots()}; stashed and "
             f"not resolved: {plan[-1]['pending']}")

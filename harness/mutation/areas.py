@@ -1,0 +1,48 @@
+"""The areas a mutation run covers: each a reference's modules and the suites that check them.
+
+An area is judged by its own triage file, ``docs/mutation/<area>.json`` (:mod:`harness.mutation.triage`)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+__all__ = ["Area", "AREAS", "area_of_file", "get_area"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Area:
+    """A reference's modules (``files``, relative to the checkout) and the suite folders whose tests may kill
+    their mutants (mutmut runs, of those, only the tests that reach the mutated function)."""
+
+    name: str
+    files: tuple[str, ...]
+    suites: tuple[str, ...]
+
+    @property
+    def triage_path(self) -> str:
+        return f"docs/mutation/{self.name}.json"
+
+
+AREAS: dict[str, Area] = {area.name: area for area in (
+    Area("gather", ("harness/gather/reference.py",), ("suites/gather",)),
+    Area("relay", ("harness/gather/relay.py",), ("suites/gather",)),
+    # _seam.py and _emulated.py hold the capture session's seam and the emulated backend the graph replays on.
+    Area("graphs", ("harness/graphs/_breakable.py", "harness/graphs/_seam.py", "harness/graphs/_emulated.py"),
+         ("suites/graphs",)),
+    Area("runner", ("harness/runner/runner.py", "harness/runner/discovery.py"), ("suites/runner",)),
+)}
+
+
+def get_area(name: str) -> Area:
+    try:
+        return AREAS[name]
+    except KeyError:
+        raise KeyError(f"unknown mutation area {name!r}; known: {', '.join(AREAS)}") from None
+
+
+def area_of_file(path: str) -> Area:
+    """The area whose modules include ``path`` (a mutated file, relative to the checkout)."""
+    for area in AREAS.values():
+        if path in area.files:
+            return area
+    raise KeyError(f"{path} belongs to no mutation area")

@@ -18,6 +18,10 @@ ALLOWED: dict[tuple[str, str], str] = {
         "in place (docs/graphs.md, write-back clause: a handle to the output taken once reads each later replay's "
         "values; PyTorch's CUDA graphs rewrite their static outputs the same way): a caller clones what it keeps, "
         "as the runner and the gather built on graphs must",
+    ("graphs", "output storage"):
+        "a replay's outputs are the capture's static tensors, carved out of the graph's memory pool (docs/graphs.md, "
+        "pool clause): a block the pool hands a capture may be larger than the tensor placed in it, as a CUDA "
+        "caching allocator's blocks are; the pool, not the caller, owns that memory",
     ("graphs", "caller context"):
         "a replay runs the kernels its capture recorded, in the context of the capture (the autocast state, default "
         "dtype, matmul precision, ... in force then): a CUDA graph cannot see the context of a later replay, so a "

@@ -88,11 +88,15 @@ def caller_contexts(component: str, *, max_settings: int = 2) -> st.SearchStrate
 def drawn_caller_context(component: str) -> dict[str, Any]:
     """A context drawn in the running hypothesis example (its draws shrink with the example's), or none outside one
     (a plain test, a thread of a thread test): the one place every property test draws it."""
-    from hypothesis.control import _current_build_context
+    from hypothesis.control import current_build_context
+    from hypothesis.errors import InvalidArgument
 
-    build = _current_build_context.value
-    if build is None:
+    try:
+        build = current_build_context()
+    except InvalidArgument:  # no example is running in this thread
         return {}
+    # st.data() drawn from the example's own data: the context is one more draw of the example, printed with the
+    # failing example as "Draw 1 (caller context): {...}" and shrunk (towards no context) with the rest.
     return build.data.draw(st.data()).draw(caller_contexts(component), label="caller context")
 
 

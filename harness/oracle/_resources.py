@@ -64,7 +64,8 @@ class Footprint:
 
 def footprint() -> Footprint:
     gc.collect()
-    tensors = [obj for obj in gc.get_objects() if isinstance(obj, torch.Tensor)]
+    # type(), not isinstance(): isinstance reads __class__, which some of the objects walked answer with a warning
+    tensors = [obj for obj in gc.get_objects() if issubclass(type(obj), torch.Tensor)]
     storages: dict[tuple[str, int], int] = {}
     for tensor in tensors:
         if tensor.is_meta or tensor.layout != torch.strided:

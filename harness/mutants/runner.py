@@ -636,3 +636,11 @@ class IgnoresMovedState(LayerStackRunner):
 # -- tensor parallelism (suites/runner/tensor_parallel): a module of their own -------------------
 
 MUTANTS.include(runner_distributed.MUTANTS)
+
+
+@MUTANTS.add("keeps-last-batch", bug="keeps the last batch it ran in an attribute (for a debug dump): the caller's "
+             "batch and its tensors stay alive after the caller drops them, until the next call")
+class KeepsLastBatch(LayerStackRunner):
+    def run(self, batch: ForwardBatch) -> Any:
+        self.last_batch = batch
+        return super().run(batch)

@@ -2,7 +2,7 @@
 
 :func:`settings` walks ``torch``, ``torch._C``, the ``torch.backends`` modules (their flag properties and
 functions) and, where initialised, the device modules, and keeps every getter of state: a name of the getter
-form (``is_*``, ``are_*``, ``get_*``, and ``torch._C``'s ``_is_*``/``_are_*``/``_get_*``) that takes no argument
+form (``is_*``, ``are_*``, ``get_*``, ``current_*``; ``torch._C``'s with a leading ``_`` too) that takes no argument
 and returns a plain comparable value. Getters taking a ``device_type`` are read once per device type torch
 autocasts for (from its dispatch keys). A setter is paired to a getter by name (``get_x``/``set_x``,
 ``is_x_enabled``/``set_x_enabled``/``set_x``/``use_x``) or by the flag property that holds both. What is not
@@ -25,7 +25,7 @@ import torch
 __all__ = ["Setting", "settings", "read", "NOT_STATE", "autocast_device_types"]
 
 # Getter-form names: the reading half of a setting.
-_GETTER = re.compile(r"^_?(is|are|get)_\w+$")
+_GETTER = re.compile(r"^_?(is|are|get|current)_\w+$")
 # Names of the getter form that report what the build or the machine is, never a setting a call could change.
 _CAPABILITY = re.compile(r"(_available|_built|_supported|_version|_capability|_arch_list|_gencode_flags)$")
 
@@ -48,6 +48,8 @@ NOT_STATE: dict[str, str] = {
     "torch._C._get_graph_exec_group": "a TorchScript executor's group counter, bumped by every scripted run",
     "torch._C._get_value_trace": "a TorchScript tracer's value map, only meaningful while tracing",
     "torch._C._get_dispatch_mode": "a handle of a mode object; the mode stack's length is read instead",
+    "torch.cuda.current_blas_handle": "the first read on a thread and device creates the handle (a side effect); "
+                                      "no caller sets it",
     "torch.cuda.get_rng_state": "the random stream is compared as a stream of its own (rng)",
     "torch.cuda.get_rng_state_all": "the random stream is compared as a stream of its own (rng)",
     "torch.cuda.get_device_properties": "a constant of the device",
@@ -60,7 +62,7 @@ NOT_STATE: dict[str, str] = {
 
 # Value types a snapshot can hold and compare cheaply with ==.
 _PLAIN = (bool, int, float, str, type(None), torch.dtype, torch.device, torch.memory_format, torch.layout,
-          enum.Enum)
+          enum.Enum, *((torch.Stream,) if hasattr(torch, "Stream") else ()))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,7 +126,7 @@ def autocast_device_types() -> tuple[str, ...]:
 
 def _setter_names(name: str) -> Iterator[str]:
     private = "_" if name.startswith("_") else ""
-    stem = re.sub(r"^_?(is|are|get)_", "", name)
+    stem = re.sub(r"^_?(is|are|get|current)_", "", name)
     bare = stem.removesuffix("_enabled")
     yield from (f"{private}set_{stem}", f"{private}set_{bare}", f"{private}use_{bare}", f"{private}set_{bare}_enabled")
 

@@ -7,7 +7,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from harness.gather import BUFFER_NAMES, GatherCase, eager_gather
+
+# Owning its outputs and holding nothing of the caller's arguments is the gather's fresh-outputs clause.
+pytestmark = pytest.mark.clause("fresh-outputs")
 
 _CASE = GatherCase(pool=48, count=7, seed=1)
 # Enough calls for a per-call cache to show after the warm-up calls (a compile, a first allocation) are done.

@@ -7,9 +7,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 import torch
 
 from harness.runner.cases import eager, make_batch
+
+pytestmark = pytest.mark.clause("outputs-owned")
 
 _MODEL = "dense"
 _LENGTHS = [3, 2]

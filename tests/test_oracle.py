@@ -59,10 +59,10 @@ def test_autograd_facts_follow_the_callers_mode():
 
 
 @pytest.mark.parametrize(("leak", "name"), [
-    (lambda: torch.set_grad_enabled(False), "grad mode"),
-    (lambda: torch.set_default_dtype(torch.float64), "default dtype"),
-    (gc.disable, "garbage collector enabled"),
-    (lambda: torch.set_float32_matmul_precision("medium"), "float32 matmul precision"),
+    (lambda: torch.set_grad_enabled(False), "torch.is_grad_enabled"),
+    (lambda: torch.set_default_dtype(torch.float64), "torch.get_default_dtype"),
+    (gc.disable, "gc.isenabled"),
+    (lambda: torch.set_float32_matmul_precision("medium"), "torch.get_float32_matmul_precision"),
 ])
 def test_process_state_left_behind_is_caught(leak, name):
     saved = (torch.is_grad_enabled(), torch.get_default_dtype(), gc.isenabled(), torch.get_float32_matmul_precision())

@@ -384,3 +384,51 @@ def topk_index_pad_clamped(indices, *buffers) -> GatherOutputs:
     if topk_index.dtype == torch.int64:
         topk_index = torch.where(topk_index == -1, torch.zeros_like(topk_index), topk_index)
     return topk_p, topk_index, bonus, hidden
+
+
+@MUTANTS.add("leaves-cudnn-benchmark-on", bug="turns on torch.backends.cudnn.benchmark at its first call (a common "
+             "speed-up line) and never turns it back off: every later cuDNN call of the process autotunes")
+def leaves_cudnn_benchmark_on(indices, *buffers) -> GatherOutputs:
+    torch.backends.cudnn.benchmark = True
+    return compiled_gather(indices, *buffers)
+
+
+@MUTANTS.add("narrow-view-outputs", bug="returns each output as the leading rows of a buffer allocated for twice the "
+             "rows (sized for the largest batch): same values, shape and strides, twice the memory kept alive")
+def narrow_view_outputs(indices, *buffers) -> GatherOutputs:
+    def take(index: torch.Tensor, buf: torch.Tensor) -> torch.Tensor:
+        rows = index.shape[0]
+        out = torch.empty((2 * rows, *buf.shape[1:]), dtype=buf.dtype, device=buf.device)
+        out[:rows] = buf[index]
+        return out[:rows]
+
+    return _each(indices, buffers, take)
+
+
+_LAST_ARGUMENTS: list[tuple[torch.Tensor | None, ...]] = []
+
+
+@MUTANTS.add("keeps-arguments-alive", bug="keeps the last call's indices and buffers in a module-level slot (for a "
+             "debug dump): the caller's tensors stay alive after the caller drops them")
+def keeps_arguments_alive(indices, *buffers) -> GatherOutputs:
+    _LAST_ARGUMENTS[:] = [(indices, *buffers)]
+    return compiled_gather(indices, *buffers)
+
+
+_INDEX_LOG: list[torch.Tensor] = []
+
+
+@MUTANTS.add("logs-every-call", bug="appends a copy of every call's indices to a module-level log that nothing "
+             "trims: memory grows with the number of calls")
+def logs_every_call(indices, *buffers) -> GatherOutputs:
+    _INDEX_LOG.append(indices.clone())
+    return compiled_gather(indices, *buffers)
+
+
+@MUTANTS.add("deterministic-path-sorts", bug="when the caller has enabled deterministic algorithms, takes a "
+             "sort-then-gather path (duplicate indices in a fixed order) that returns the rows in sorted index "
+             "order, not in the caller's order")
+def deterministic_path_sorts(indices, *buffers) -> GatherOutputs:
+    if torch.are_deterministic_algorithms_enabled():
+        return compiled_gather(indices.sort().values, *buffers)
+    return compiled_gather(indices, *buffers)

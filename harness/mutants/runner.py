@@ -645,3 +645,12 @@ class ReadsBucketsTwice(LayerStackRunner):
     def __init__(self, model: nn.Module, *, buckets: Any, **options: Any) -> None:
         self.max_tokens = max(buckets, default=0)  # the largest batch, noted before the buckets are validated
         super().__init__(model, buckets=buckets, **options)
+
+
+@MUTANTS.add("keeps-last-batch", bug="keeps the last batch it ran in an attribute (for a debug dump): the caller's "
+             "batch and its tensors stay alive after the caller drops them, until the next call")
+class KeepsLastBatch(LayerStackRunner):
+    def run(self, batch: ForwardBatch) -> Any:
+        self.last_batch = batch
+        return super().run(batch)
+

@@ -1,12 +1,17 @@
 """Eager is the oracle for everything a caller can observe: one checker every suite calls implementations through.
 
-Safe to use: :class:`Checker` (``.call`` and ``.construct``), :func:`check_call`, :data:`CALLING_MODES` with
-:func:`calling_mode`, :func:`process_state_kept` (around the harness's own smoke calls), and :data:`ALLOWED`, the
-table of differences a component's contract permits (extend it with a reason, never to make a failure pass).
+Safe to use: :class:`Checker` (``.call``, ``.construct``, ``.released`` for what a call keeps alive, ``.steady``
+for what a long run grows), :func:`check_call`, :data:`CALLING_MODES` with :func:`calling_mode`,
+:func:`caller_contexts` (the settings a caller can set, drawn by hypothesis; ``Checker.call`` draws one itself in
+every hypothesis example), :func:`process_state_kept` (around the harness's own smoke calls), and :data:`ALLOWED`,
+the table of differences a component's contract permits (extend it with a reason, never to make a failure pass).
+The process state compared and the contexts drawn come from walking the installed torch (``_globals``).
 :mod:`harness.oracle.concurrency` makes calls from several threads overlap for certain, for the thread tests."""
 
 from harness.oracle._allowed import ALLOWED, allowed
 from harness.oracle._checker import CALLING_MODES, Checker, calling_mode, check_call
+from harness.oracle._contexts import caller_contexts
 from harness.oracle._state import process_state_kept
 
-__all__ = ["ALLOWED", "allowed", "CALLING_MODES", "calling_mode", "Checker", "check_call", "process_state_kept"]
+__all__ = ["ALLOWED", "allowed", "CALLING_MODES", "calling_mode", "caller_contexts", "Checker", "check_call",
+           "process_state_kept"]

@@ -3,21 +3,49 @@ tolerance table of :mod:`harness.compare`. A fact not listed here must be as eag
 
 from __future__ import annotations
 
-__all__ = ["ALLOWED", "allowed"]
+__all__ = ["ALLOWED", "allowed", "NOT_DRAWN"]
 
 # (component, fact) -> why the contract lets an implementation differ from eager there. Facts are those
 # :func:`harness.oracle.check_call` names: "output strides", "output requires_grad", "output is_inference",
-# "output attached to autograd", "output aliasing", "results outlive the next call", "rng", "process state",
-# "module state", "input values".
+# "output storage", "output attached to autograd", "output aliasing", "objects kept alive", "growth over a run",
+# "results outlive the next call", "rng", "process state",
+# "module state", "input values"; one setting of the process as "process state: <its name in process_state()>",
+# and a caller's context a component may ignore as "caller context: <setting name>", or "caller context" for every
+# setting (then it is not drawn for that component).
 ALLOWED: dict[tuple[str, str], str] = {
     ("graphs", "results outlive the next call"):
         "replay() returns graph.output itself, the objects fn returned at capture, and every replay refreshes them "
         "in place (docs/graphs.md, write-back clause: a handle to the output taken once reads each later replay's "
         "values; PyTorch's CUDA graphs rewrite their static outputs the same way): a caller clones what it keeps, "
         "as the runner and the gather built on graphs must",
+    ("graphs", "output storage"):
+        "a replay's outputs are the capture's static tensors, carved out of the graph's memory pool (docs/graphs.md, "
+        "pool clause): a block the pool hands a capture may be larger than the tensor placed in it, as a CUDA "
+        "caching allocator's blocks are; the pool, not the caller, owns that memory",
+    ("graphs", "caller context"):
+        "a replay runs the kernels its capture recorded, in the context of the capture (the autocast state, default "
+        "dtype, matmul precision, ... in force then): a CUDA graph cannot see the context of a later replay, so a "
+        "replay equals eager run in the capture's context, not the replay's (docs/graphs.md); the caller's context "
+        "is not drawn around a replay",
+    ("runner", "caller context"):
+        "the runner replays layer stacks captured at its construction, in the construction's context, as the graphs "
+        "row says; a caller's context around a later call reaches only its eager parts, so it is not drawn around "
+        "runner calls",
 }
 
 
 def allowed(component: str, fact: str) -> str | None:
     """The reason ``component`` may differ from eager in ``fact``, or None where it may not."""
     return ALLOWED.get((component, fact))
+
+
+# Settings with a setter that hypothesis does not draw as a caller's context (harness.oracle._contexts), for any
+# component: setting name (as harness.oracle._globals names it) -> why a caller's context cannot hold it, or why
+# eager itself cannot run under it. A component that may ignore one context says so in ALLOWED as
+# (component, "caller context: <name>").
+NOT_DRAWN: dict[str, str] = {
+    "torch.is_grad_enabled": "drawn already, as the calling mode (CALLING_MODES)",
+    "torch._C._is_fwd_grad_enabled": "forward-mode AD is entered through torch.autograd.forward_ad, never set bare",
+    "torch.get_num_interop_threads": "torch takes it once per process, before any inter-op work: no caller can set it "
+                                     "around a call (and trying it would change it for the rest of the run)",
+}

@@ -12,7 +12,7 @@ import torch
 
 from harness.compare import assert_equivalent, format_context
 from harness.errors import MismatchError
-from harness.oracle import _facts, _state
+from harness.oracle import _contexts, _facts, _resources, _state
 from harness.oracle._allowed import allowed
 
 __all__ = ["CALLING_MODES", "calling_mode", "Checker", "check_call"]
@@ -95,7 +95,12 @@ class Checker:
         else the tolerance table) and metadata; aliasing is judged against each side's own inputs."""
         __tracebackhide__ = True
         twin = eager_inputs is not None
-        with calling_mode(mode):
+        # Inside a hypothesis example, a caller's context (settings torch has a setter for) is drawn for every call:
+        # eager in the same context is the oracle (harness.oracle._contexts).
+        context = _contexts.drawn_caller_context(self.component)
+        if context:
+            details = {**details, "caller context": _contexts.described(context)}
+        with calling_mode(mode), _contexts.caller_context_applied(context):
             start = _snapshot(modules, inputs)
             expected = eager()
             after_eager = _snapshot(modules, eager_inputs if twin else inputs)
@@ -131,6 +136,35 @@ class Checker:
         self._raise(problems, self._details(**details, call=what))
         return built
 
+    def released(self, candidate: Callable[[], Mapping[str, Any]], eager: Callable[[], Mapping[str, Any]],
+                 **details: Any) -> None:
+        """Check the candidate keeps alive nothing more than eager once the caller lets go. Each of ``candidate``
+        and ``eager`` is a session: it builds what a caller holds (inputs, models, outputs, a graph), makes its
+        calls, and returns those objects as ``{name: object}``, keeping no other reference; each object (or each
+        tensor inside a tuple or dict) is then followed by a weak reference after the caller's are dropped."""
+        __tracebackhide__ = True
+        kept_by_eager = set(_resources.survivors(eager))
+        kept = [name for name in _resources.survivors(candidate) if name not in kept_by_eager]
+        problems = [self._differs("objects kept alive", f"{', '.join(kept)} still alive after the caller dropped "
+                                                        f"every reference and the collector ran; eager keeps "
+                                                        f"{sorted(kept_by_eager) or 'nothing'} (a strong reference "
+                                                        f"kept by the implementation)")] if kept else []
+        self._raise(problems, self._details(**details, call="release"))
+
+    def steady(self, candidate: Callable[[], Any], eager: Callable[[], Any], *, calls: int, **details: Any) -> None:
+        """Check a long run of the candidate grows no more than eager's: live tensors, their bytes, and the device
+        allocator's bytes after ``calls`` calls and after ``2 * calls`` (``candidate``/``eager`` each make one call
+        and drop its result); a per-call cache grows with the run, a warm-up does not."""
+        __tracebackhide__ = True
+        eager_growth = _resources.growth(eager, calls=calls)
+        grown = _resources.growth(candidate, calls=calls)
+        over = [f"{field} +{getattr(grown, field)} (eager's +{getattr(eager_growth, field)})"
+                for field in ("tensors", "tensor_bytes", "device_bytes")
+                if getattr(grown, field) > max(getattr(eager_growth, field), 0)]
+        problems = [self._differs("growth over a run", f"from call {calls} to call {2 * calls} the process gained "
+                                                       f"{', '.join(over)}: something kept per call")] if over else []
+        self._raise(problems, self._details(**details, call=f"{2 * calls} calls"))
+
     def _details(self, **details: Any) -> Mapping[str, Any]:
         shown = {key: value for key, value in details.items() if value is not None}
         return self._context(**shown) if self._context else shown
@@ -157,6 +191,13 @@ class Checker:
                     fact = "output strides" if field in ("strides", "contiguous") else f"output {field}"
                     fact = "output attached to autograd" if field == "attached_to_autograd" else fact
                     problems.append(self._differs(fact, f"{path} has {field} {got}, eager's {want}"))
+        for path in [path for path in mine if path in theirs]:
+            held, eager_held = _resources.storage_bytes(mine[path]), _resources.storage_bytes(theirs[path])
+            if held > eager_held:  # a narrow view of a larger buffer keeps all of it alive for as long as it lives
+                problems.append(self._differs(
+                    "output storage", f"{path} keeps {held} bytes of storage alive for its "
+                                      f"{mine[path].numel() * mine[path].element_size()} bytes of elements, "
+                                      f"eager's {eager_held} bytes"))
         mine_shared = _facts.aliases(mine, dict(_facts.tensors_in(inputs)))
         theirs_shared = _facts.aliases(theirs, dict(_facts.tensors_in(eager_inputs)))
         for path in theirs.keys() & mine.keys():
@@ -173,6 +214,8 @@ class Checker:
                                                                                 if inputs else ())
         for fact, part in parts:
             changed = _new_changes(getattr(start, part), getattr(after_eager, part), getattr(after_candidate, part))
+            # The table may allow one setting ("process state: <name>") without allowing the rest.
+            changed = [name for name in changed if not allowed(self.component, f"{fact}: {name}")]
             if changed:
                 shown = ", ".join(changed[:4]) + (f" and {len(changed) - 4} more" if len(changed) > 4 else "")
                 problems.append(self._differs(fact, f"the call changed {shown}, which eager leaves as it was"))

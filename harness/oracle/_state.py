@@ -13,72 +13,72 @@ from typing import Any
 
 import torch
 
-__all__ = ["process_state", "process_state_kept", "module_state", "rng_state", "set_rng_state", "changes"]
+from harness.oracle import _globals
+
+__all__ = ["process_state", "process_state_kept", "restore_settings", "module_state", "rng_state", "set_rng_state",
+           "changes"]
 
 # Hook tables a module keeps; a caller's handle removes its hook from the very dict it was added to, so the
 # dict's identity is part of the state as much as its entries.
 _HOOK_TABLES = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks",
                 "_forward_pre_hooks_with_kwargs", "_backward_hooks", "_backward_pre_hooks", "_state_dict_hooks",
                 "_state_dict_pre_hooks", "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks")
-_GLOBAL_HOOK_TABLES = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
-                       "_global_backward_pre_hooks")
+
+
+def _global_hook_tables() -> Iterator[tuple[str, dict[Any, Any]]]:
+    # torch.nn's process-wide hook tables: its module's ``_global_*`` dicts, found by name, not listed.
+    from torch.nn.modules import module as nn_module
+
+    for name, table in sorted(vars(nn_module).items()):
+        if name.startswith("_global_") and isinstance(table, dict):
+            yield name, table
 
 
 def process_state() -> dict[str, Any]:
-    """Modes and settings of this process that a call could change and fail to restore."""
-    from torch.nn.modules import module as nn_module
-
+    """Modes and settings of this process that a call could change and fail to restore: every setting of the
+    installed torch (:func:`harness.oracle._globals.settings`, found by introspection), torch.nn's global hook
+    tables, Python's garbage collector and the batch the harness publishes to attention."""
     from harness.batch import published_batch
 
-    state: dict[str, Any] = {
-        "grad mode": torch.is_grad_enabled(),
-        "inference mode": torch.is_inference_mode_enabled(),
-        "default dtype": torch.get_default_dtype(),
-        "garbage collector enabled": gc.isenabled(),
-        "deterministic algorithms": torch.are_deterministic_algorithms_enabled(),
-        "float32 matmul precision": torch.get_float32_matmul_precision(),
-        "intra-op threads": torch.get_num_threads(),
-        # The batch attention reads out of band (harness.batch.forward_context): eager publishes it for its forward
-        # only, so a call that leaves one published feeds a stale batch to the next attention outside a forward.
-        "published forward context": id(published_batch()) if published_batch() is not None else None,
-    }
-    for device_type in ("cpu", "cuda"):
-        state[f"autocast {device_type}"] = (torch.is_autocast_enabled(device_type),
-                                            torch.get_autocast_dtype(device_type))
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda current device"] = torch.cuda.current_device()
-        state["cuda current stream"] = torch.cuda.current_stream().cuda_stream
-        state["cuda matmul tf32"] = torch.backends.cuda.matmul.allow_tf32
-        state["cudnn tf32"] = torch.backends.cudnn.allow_tf32
-    for table in _GLOBAL_HOOK_TABLES:
-        hooks = getattr(nn_module, table, None)
-        if hooks is not None:
-            state[f"torch.nn global hooks {table}"] = (id(hooks), tuple((k, id(v)) for k, v in hooks.items()))
+    state = _globals.read(_globals.settings())
+    state["gc.isenabled"] = gc.isenabled()
+    # The batch attention reads out of band (harness.batch.forward_context): eager publishes it for its forward
+    # only, so a call that leaves one published feeds a stale batch to the next attention outside a forward.
+    published = published_batch()
+    state["published forward context"] = id(published) if published is not None else None
+    for name, hooks in _global_hook_tables():
+        state[f"torch.nn global hooks {name}"] = (id(hooks), tuple((k, id(v)) for k, v in hooks.items()))
     return state
+
+
+def restore_settings(before: dict[str, Any]) -> list[str]:
+    """Set back every setting with a setter whose value differs from ``before`` (a :func:`process_state`), and
+    the garbage collector; return the names that refused to go back (a setter torch allows only once)."""
+    refused = []
+    for setting in _globals.settings():
+        if setting.write is None or setting.name not in before:
+            continue
+        # One write can restore others (two getters of one flag): read each again before writing it.
+        if _globals.read((setting,))[setting.name] != before[setting.name]:
+            try:
+                setting.write(before[setting.name])
+            except (RuntimeError, ValueError, TypeError):
+                refused.append(setting.name)
+    (gc.enable if before["gc.isenabled"] else gc.disable)()
+    return refused
 
 
 @contextlib.contextmanager
 def process_state_kept() -> Iterator[None]:
-    """Put back, after the block, the settings of :func:`process_state` a call can set and leave changed (grad mode,
-    default dtype, the garbage collector, deterministic algorithms, matmul precision, threads, autocast): for the
-    harness's own start-up call of an implementation (a smoke call), whose leftovers would otherwise hide the same
-    change made by the calls the suites check."""
+    """Put back, after the block, every setting of :func:`process_state` torch has a setter for (grad mode, default
+    dtype, deterministic algorithms, matmul precision, threads, autocast per device type, backend flags, ...) and
+    the garbage collector: for the harness's own start-up call of an implementation (a smoke call), whose
+    leftovers would otherwise hide the same change made by the calls the suites check."""
     before = process_state()
     try:
         yield
     finally:
-        torch.set_grad_enabled(before["grad mode"])
-        torch.set_default_dtype(before["default dtype"])
-        (gc.enable if before["garbage collector enabled"] else gc.disable)()
-        if torch.are_deterministic_algorithms_enabled() != before["deterministic algorithms"]:
-            torch.use_deterministic_algorithms(before["deterministic algorithms"])
-        torch.set_float32_matmul_precision(before["float32 matmul precision"])
-        if torch.get_num_threads() != before["intra-op threads"]:
-            torch.set_num_threads(before["intra-op threads"])
-        for device_type in ("cpu", "cuda"):
-            enabled, dtype = before[f"autocast {device_type}"]
-            torch.set_autocast_enabled(device_type, enabled)
-            torch.set_autocast_dtype(device_type, dtype)
+        restore_settings(before)
 
 
 def rng_state() -> tuple[torch.Tensor, ...]:

@@ -653,4 +653,3 @@ class KeepsLastBatch(LayerStackRunner):
     def run(self, batch: ForwardBatch) -> Any:
         self.last_batch = batch
         return super().run(batch)
-

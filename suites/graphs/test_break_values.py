@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from harness.errors import CaptureError, ReplayError
@@ -301,8 +301,26 @@ def _tensors(value: Any) -> list[torch.Tensor]:
     return [t for _, item in _members_of(value) for t in _tensors(item)]
 
 
+# An engine-like output holding every container form once, replayed at steps that drop a tensorless dict's first key
+# and bring it back, take an object's last attribute away, change every Python value and the dtype; and a dtype in a
+# tuple that changes where nothing can take the new one.
+ENGINE_LIKE_OUTPUT = ("dict", (
+    ("tensor",),
+    ("namedtuple", (("int",), ("tensor",))),
+    ("frozen", (("tensor",), ("list", (("int",), ("str",))))),
+    ("object", (("int",), ("bool",), ("appearing",))),
+    ("dict", (("int",), ("float",), ("none",))),
+    ("slotted_object", (("tensor",), ("dict", (("int",),)))),
+    ("frozen_slotted", (("tuple", (("dtype",),)),)),
+    ("slotted", (("list", (("tuple", (("int",),)),)),)),
+))
+CHANGED_DTYPE_IN_A_TUPLE = ("tuple", (("tensor",), ("dtype",), ("list", (("int",),))))
+
+
 @given(form=return_forms, steps=st.lists(st.integers(0, 40), min_size=2, max_size=5),
        rows=st.integers(1, 3), width=st.integers(1, 3))
+@example(form=ENGINE_LIKE_OUTPUT, steps=[4, 3, 6, 1, 2], rows=2, width=3)
+@example(form=CHANGED_DTYPE_IN_A_TUPLE, steps=[1, 3, 2], rows=2, width=3)
 def test_every_container_form_a_break_returns_is_written_back(graph_oracle, make_tensor, form, steps, rows, width):
     """A break returns ``form`` built anew at each call; captured ops read each of its tensors, a later break reads
     every leaf of the object it received at capture, and the caller holds it in the graph's output. Eager is the

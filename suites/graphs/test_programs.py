@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from harness.errors import ReplayError
@@ -149,6 +149,10 @@ programs = st.lists(
        seed=st.integers(0, 2**31 - 1), mode=st.sampled_from(CALLING_MODES), handed=st.sampled_from(sorted(HANDED)),
        training=st.booleans(), refills=st.lists(st.booleans(), min_size=1, max_size=3),
        convention=st.sampled_from(CONVENTIONS))
+# every guarded path refusing at capture (rows wider than the fast path takes) and a nested break, called by keyword
+@example(ops=[("fallback_math", 0.5), ("nested_break", 2.0), ("fallback_break", -1.25), ("retry", 0.5)], rows=3,
+         width=FAST_PATH_WIDTH + 2, input_count=2, seed=45, mode=CALLING_MODES[0], handed="closure", training=False,
+         refills=[True, False], convention="keyword")
 def test_replay_after_refill_equals_eager(graph_oracle, make_tensor, ops, rows, width, input_count, seed, mode, handed,
                                           training, refills, convention):
     """Captured and replayed under the caller's ``mode``, every break called in the drawn ``convention``; before

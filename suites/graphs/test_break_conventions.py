@@ -508,6 +508,9 @@ OUTPUT_CHANGES: dict[str, Callable[[dict[str, Any]], None]] = {
     "dict_key_gone": lambda r: r.pop("pair"),
     "object_type_changed": lambda r: r.update(obj=SlottedBreakResult(r["obj"].out, r["obj"].extra, r["obj"].step)),
     "tensor_became_none": lambda r: r.update(out=None),
+    "dict_became_list": lambda r: r.update(meta=[r["meta"]["scale"]]),
+    "frozen_became_plain": lambda r: r.update(frozen=BreakResult(r["frozen"].out, r["frozen"].extra, 1)),
+    "object_lost_a_tensor": lambda r: delattr(r["obj"], "extra"),
 }
 
 
@@ -519,14 +522,16 @@ def test_break_output_change_at_replay_raises_then_recovers(graph_oracle, make_t
 
     @eager_on_graph
     def attention_like(h):
-        result = {"out": h * 2, "pair": [h + 1, h - 1], "kv": (h * 3, h * 4), "obj": BreakResult(h * 5, h * 6, 1)}
+        result = {"out": h * 2, "pair": [h + 1, h - 1], "kv": (h * 3, h * 4), "obj": BreakResult(h * 5, h * 6, 1),
+                  "meta": {"scale": h * 7}, "frozen": FrozenBreakResult(h * 8, h * 9, [1])}
         if armed:
             OUTPUT_CHANGES[armed.pop()](result)
         return result
 
     def fn():
         r = attention_like(x + 1)
-        return r["out"] + r["pair"][0] * r["pair"][1] - r["kv"][0] + r["kv"][1] * r["obj"].out - r["obj"].extra
+        return (r["out"] + r["pair"][0] * r["pair"][1] - r["kv"][0] + r["kv"][1] * r["obj"].out - r["obj"].extra
+                + r["meta"]["scale"] - r["frozen"].out * r["frozen"].extra)
 
     graph = graph_oracle.capture(fn)
     x.copy_(make_tensor(4, 3, seed=22))

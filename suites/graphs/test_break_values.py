@@ -321,6 +321,7 @@ CHANGED_DTYPE_IN_A_TUPLE = ("tuple", (("tensor",), ("dtype",), ("list", (("int",
        rows=st.integers(1, 3), width=st.integers(1, 3))
 @example(form=ENGINE_LIKE_OUTPUT, steps=[4, 3, 6, 1, 2], rows=2, width=3)
 @example(form=CHANGED_DTYPE_IN_A_TUPLE, steps=[1, 3, 2], rows=2, width=3)
+@example(form=("frozen", (("tensor",), ("namedtuple", (("int",),)))), steps=[1, 2], rows=1, width=2)  # refused
 def test_every_container_form_a_break_returns_is_written_back(graph_oracle, make_tensor, form, steps, rows, width):
     """A break returns ``form`` built anew at each call; captured ops read each of its tensors, a later break reads
     every leaf of the object it received at capture, and the caller holds it in the graph's output. Eager is the

@@ -246,7 +246,8 @@ def test_a_refusing_rule_gives_way_to_the_next_or_is_raised(device):
     def refuse(refused):
         raise DiscoveryRefused("refuses-all", type(refused).__name__, "no layer stack of mine")
 
-    with pytest.raises(DiscoveryRefused, match=f"'refuses-all' refuses {type(model).__name__}: no layer stack") as raised:
+    refused_by_all = f"'refuses-all' refuses {type(model).__name__}: no layer stack"
+    with pytest.raises(DiscoveryRefused, match=refused_by_all) as raised:
         discover_layer_model(model, rules=[refuse, refuse])
     refusal = raised.value
     assert (refusal.rule, refusal.model_class, refusal.reason) == (

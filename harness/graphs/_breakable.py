@@ -222,6 +222,7 @@ def _merge(captured: Any, new: Any, copy_tensor: Callable[[torch.Tensor, Any], t
             del captured[key]
         for key, value in new.items():
             captured[key] = merge_member(captured[key], value) if key in captured else value
+        _reorder(captured, list(new))
         return captured
     if _is_frozen(captured):
         if type(new) is not type(captured):
@@ -245,12 +246,22 @@ def _merge(captured: Any, new: Any, copy_tensor: Callable[[torch.Tensor, Any], t
             merged_member = merge_member(old_members[name], value) if name in old_members else value
             if merged_member is not old_members.get(name, _MISSING):
                 setattr(captured, name, merged_member)
+        if isinstance(getattr(captured, "__dict__", None), dict):
+            _reorder(captured.__dict__, list(getattr(new, "__dict__", {})))
         return captured
     # A leaf: None, a Python value, an opaque object. Kept where it is equal, else its container stores the new one.
     return captured if _same_value(captured, new) else new
 
 
 _MISSING = object()
+
+
+def _reorder(captured: dict[Any, Any], order: list[Any]) -> None:
+    """Put ``captured``'s keys in ``order`` (the new object's), as eager's new dict or object has them: whoever
+    iterates the captured one (a later break, the caller) meets its members in this call's order."""
+    if list(captured) != order:
+        for key in order:
+            captured[key] = captured.pop(key)
 
 
 @dataclasses.dataclass

@@ -819,3 +819,144 @@ class _FailedBreakFrozenGraph(BreakableGraph):
              "partial work keeps its capture-time values, and a replay where it would no longer raise goes on")
 class FailedBreakFrozen(GraphCapturer):
     graph_class = _FailedBreakFrozenGraph
+
+
+def _containers(value: Any, seen: set[int] | None = None) -> list[Any]:
+    """Every list, dict and object with attributes reachable in a break output (cycles allowed), outermost first."""
+    seen = set() if seen is None else seen
+    if isinstance(value, torch.Tensor) or id(value) in seen:
+        return []
+    seen.add(id(value))
+    if isinstance(value, dict):
+        found, items = [value], list(value.values())
+    elif isinstance(value, (list, tuple)):
+        found, items = ([value] if isinstance(value, list) else []), list(value)
+    elif hasattr(value, "__dict__") and not isinstance(value, type) and not callable(value):
+        found, items = [value], list(vars(value).values())
+    else:
+        return []
+    return found + [inner for item in items for inner in _containers(item, seen)]
+
+
+class _CaptureOrderGraph(BreakableGraph):
+    def replay_break(self, step: Break) -> None:
+        orders = [(d, list(d)) for d in _containers(step.output) if isinstance(d, dict)]
+        super().replay_break(step)
+        for d, before in orders:  # keys kept where they were, keys that came back appended
+            for key in [k for k in before if k in d] + [k for k in list(d) if k not in before]:
+                d[key] = d.pop(key)
+
+
+@MUTANTS.add("writeback-keeps-key-order", bug="a dict written back keeps its capture-time key order and appends keys "
+             "that come back at the end, so whoever iterates it (a later break, the caller) meets its members in "
+             "another order than eager's new dict")
+class WritebackKeepsKeyOrder(GraphCapturer):
+    graph_class = _CaptureOrderGraph
+
+
+class _PositionalRaisedBreakGraph(BreakableGraph):
+    def replay_raised_break(self, step: RaisedBreak) -> None:
+        super().replay_raised_break(dataclasses.replace(step, kwargs={}))
+
+
+@MUTANTS.add("raised-break-keywords-dropped", bug="a break that raised at capture (a fast path refusing a shape) is "
+             "called again at replay with its positional arguments only, so it raises another error and the replay "
+             "fails where eager takes the captured handler")
+class RaisedBreakKeywordsDropped(GraphCapturer):
+    graph_class = _PositionalRaisedBreakGraph
+
+
+class _PositionalInlineBreaks:
+    in_break_body = True
+
+    def run_break(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        return fn(*args)
+
+
+class _PositionalInlineSession(CaptureSession):
+    def run_break(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        self.end_segment()
+        try:
+            with receive_breaks(_PositionalInlineBreaks()):
+                output = fn(*args, **kwargs)
+        except Exception as error:
+            self.steps.append(RaisedBreak(fn, args, kwargs, None, type(error)))
+            self.begin_segment()
+            raise
+        self.steps.append(Break(fn, args, kwargs, output))
+        self.begin_segment()
+        return output
+
+
+@MUTANTS.add("nested-break-keywords-dropped", bug="a break called inside a break body during capture (an attention "
+             "wrapper calling a kernel that is a break too) gets its positional arguments only")
+class NestedBreakKeywordsDropped(GraphCapturer):
+    session_class = _PositionalInlineSession
+
+
+def _is_immutable_record(value: Any) -> bool:
+    return isinstance(value, tuple) or (dataclasses.is_dataclass(value) and not isinstance(value, type)
+                                        and value.__dataclass_params__.frozen)  # type: ignore[union-attr]
+
+
+def _members_holding_records(value: Any) -> list[tuple[Any, Any, Any]]:
+    """(container, key or attribute name, the tuple or frozen dataclass it holds) for every such member."""
+    found = []
+    for container in _containers(value):
+        if isinstance(container, (dict, list)):
+            pairs = container.items() if isinstance(container, dict) else enumerate(container)
+            found += [(container, key, item) for key, item in pairs if _is_immutable_record(item)]
+        else:
+            found += [(container, name, item) for name, item in vars(container).items() if _is_immutable_record(item)]
+    return found
+
+
+class _StaleRecordGraph(BreakableGraph):
+    def replay_break(self, step: Break) -> None:
+        records = _members_holding_records(step.output)
+        super().replay_break(step)
+        for container, key, old in records:  # the new tuple or frozen dataclass is dropped, the old one stays
+            if isinstance(container, (dict, list)):
+                if (key in container if isinstance(container, dict) else key < len(container)):
+                    container[key] = old
+            elif hasattr(container, key):
+                setattr(container, key, old)
+
+
+@MUTANTS.add("immutable-records-stale", bug="write-back updates tuples, namedtuples and frozen dataclasses only "
+             "through their mutable members: one whose Python value changed (a namedtuple of step counts in a dict) "
+             "keeps its capture-time value where eager returns the new one")
+class ImmutableRecordsStale(GraphCapturer):
+    graph_class = _StaleRecordGraph
+
+
+class _AttributesKeptGraph(BreakableGraph):
+    def replay_break(self, step: Break) -> None:
+        objects = [(o, dict(vars(o))) for o in _containers(step.output)
+                   if not isinstance(o, (dict, list)) and not dataclasses.is_dataclass(o)]
+        super().replay_break(step)
+        for obj, before in objects:  # an attribute the new object lacks stays with its capture-time value
+            for name, value in before.items():
+                if not hasattr(obj, name):
+                    setattr(obj, name, value)
+
+
+@MUTANTS.add("lost-attributes-kept", bug="an object a break returns that lacks an attribute at replay keeps the "
+             "attribute it had at capture, where eager's new object has none")
+class LostAttributesKept(GraphCapturer):
+    graph_class = _AttributesKeptGraph
+
+
+class _ChangedLeafAcceptedGraph(BreakableGraph):
+    def replay_break(self, step: Break) -> None:
+        try:
+            super().replay_break(step)
+        except ReplayError as error:
+            if "returned another value" not in str(error):
+                raise  # only a changed immutable leaf outside any container (a dtype in a tuple) is let through
+
+
+@MUTANTS.add("changed-leaf-accepted", bug="a break output whose immutable leaf changed where no list, dict or object "
+             "can take the new one (a dtype in a tuple) is accepted silently: the holders keep the capture-time leaf")
+class ChangedLeafAccepted(GraphCapturer):
+    graph_class = _ChangedLeafAcceptedGraph

@@ -8,7 +8,6 @@ and its eager twin are; they do not pick what to compare."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -22,17 +21,28 @@ __all__ = ["GraphOracle", "observable"]
 
 
 def observable(value: Any) -> Any:
-    """What a caller can read of a result, in a form the checker walks: a plain object (not a dataclass) becomes
-    the dict of its attributes, so that its members are compared, not its identity; the rest stays as it is."""
+    """What a caller can read of a result, in a form the checker walks: an object with attributes (``__dict__`` or
+    ``__slots__``, dataclasses included) becomes the dict of its attributes named with its type, so that its members
+    are compared, not its identity, at any depth (inside namedtuples too); the rest stays as it is."""
     if isinstance(value, torch.Tensor) or value is None or isinstance(value, (int, float, bool, str)):
         return value
     if isinstance(value, dict):
         return {key: observable(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
-        return type(value)(observable(item) for item in value) if not hasattr(value, "_fields") else value
-    if dataclasses.is_dataclass(value) or not hasattr(value, "__dict__") or callable(value):
+        items = [observable(item) for item in value]
+        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+    slots = [name for cls in type(value).__mro__ for name in _slot_names(cls)]
+    if not (hasattr(value, "__dict__") or slots) or callable(value):
         return value
-    return {f"{type(value).__name__}.{name}": observable(item) for name, item in vars(value).items()}
+    members = {name: getattr(value, name) for name in slots if hasattr(value, name)}
+    members |= dict(getattr(value, "__dict__", {}))
+    return {f"{type(value).__name__}.{name}": observable(item) for name, item in members.items()}
+
+
+def _slot_names(cls: type) -> tuple[str, ...]:
+    slots = cls.__dict__.get("__slots__", ())
+    names = (slots,) if isinstance(slots, str) else tuple(slots)
+    return tuple(name for name in names if name not in ("__dict__", "__weakref__"))
 
 
 class GraphOracle:

@@ -5,7 +5,8 @@ conventions engines use (positional and keyword tensors; tensors in lists, tuple
 metadata dataclass and a metadata dict whose tensors *and* Python values the caller refills in place
 between replays; a list of per-request lengths whose members and number the caller changes in the same
 list object) and from the return structures they use (a tensor; ``(out, (k, v))``; a dict with a
-list and a Python value; dataclasses with and without ``__slots__``; ``None`` after writing a
+list and a Python value; dataclasses with and without ``__slots__``, a frozen one; namedtuples in a dict, one of
+Python values that the dict takes anew; a plain object that loses an attribute at some refills; ``None`` after writing a
 KV-cache-like buffer that the next segment reads; the argument itself, updated in place; and outputs
 that hold no tensor at all: a list of Python values, nested containers of them, a list that is empty
 at some refills and not at others, which a later break receives and reads). The function returns its
@@ -28,6 +29,7 @@ and the next one must equal the twin again, with no state left over.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from collections.abc import Callable
 from typing import Any
@@ -47,8 +49,10 @@ SEGMENT_OPS = ("add_input", "scale_by_metadata", "add_metadata_dict_bias", "tanh
                "gather_rows_by_slots")
 CONVENTIONS = ("positional", "keyword", "list", "tuple", "dict", "metadata_object", "metadata_dict", "metadata_list")
 # python_values, python_nested and python_growing hold no tensor: only a later break can read them.
+# frozen, namedtuple_in_dict and shedding_object: containers that cannot change (a frozen dataclass, a namedtuple
+# whose Python values a dict takes anew) and an object that loses an attribute at some refills.
 RETURNS = ("tensor", "nested", "dict", "object", "slotted", "none", "inplace", "python_values", "python_nested",
-           "python_growing")
+           "python_growing", "frozen", "namedtuple_in_dict", "shedding_object")
 TENSORLESS_RETURNS = ("python_values", "python_nested", "python_growing")
 OUTPUTS = ("hidden", "with_buffers", "break_output")
 # raise: the break raises before doing anything; raise_mid_refill: a side-effect break has refilled
@@ -84,6 +88,23 @@ class SlottedBreakResult:
     out: torch.Tensor
     extra: torch.Tensor
     step: int
+
+
+@dataclasses.dataclass(frozen=True)
+class FrozenBreakResult:
+    """Cannot change after the break: its tensors are refilled in place, its Python values live in a list."""
+
+    out: torch.Tensor
+    extra: torch.Tensor
+    steps: list[int]
+
+
+KV = collections.namedtuple("KV", "out extra")
+StepInfo = collections.namedtuple("StepInfo", "step even")
+
+
+class Scratch:
+    """A break's plain result object whose attributes differ between calls (``note`` only at some refills)."""
 
 
 class Projection(torch.nn.Module):
@@ -198,6 +219,17 @@ def _make_break(index: int, convention: str, returns: str, world: World) -> Call
         if returns in ("object", "slotted"):
             kind = BreakResult if returns == "object" else SlottedBreakResult
             return kind(value, value * 3, world.metadata.step)
+        if returns == "frozen":
+            return FrozenBreakResult(value, value * 3, [step % 5, step % 7])
+        if returns == "namedtuple_in_dict":  # the dict takes a new StepInfo at each refill
+            return {"kv": KV(value, value - 1), "info": StepInfo(step, step % 2 == 0)}
+        if returns == "shedding_object":
+            scratch = Scratch()
+            scratch.out = value
+            if (step // 1000) % 2:  # refill seeds step by 1000: present at every other refill
+                scratch.note = [step % 13]
+            scratch.step = step
+            return scratch
         if returns == "none":  # a KV-cache store: writes in place at the live slots, returns nothing
             if fault == "raise_mid_refill":
                 half = max(1, world.cache.shape[0] // 2)
@@ -280,8 +312,12 @@ def _consume(returns: str, result: Any, h: torch.Tensor, world: World) -> torch.
         return out + k * 0.5 - v
     if returns == "dict":
         return result["out"] + result["aux"][0] - result["aux"][1] * 0.5
-    if returns in ("object", "slotted"):
+    if returns in ("object", "slotted", "frozen"):
         return result.out - result.extra * 0.25
+    if returns == "namedtuple_in_dict":
+        return result["kv"].out - result["kv"].extra * 0.5
+    if returns == "shedding_object":
+        return result.out
     return h + world.cache  # "none": the segment reads the buffer the break refilled
 
 
@@ -472,6 +508,9 @@ OUTPUT_CHANGES: dict[str, Callable[[dict[str, Any]], None]] = {
     "dict_key_gone": lambda r: r.pop("pair"),
     "object_type_changed": lambda r: r.update(obj=SlottedBreakResult(r["obj"].out, r["obj"].extra, r["obj"].step)),
     "tensor_became_none": lambda r: r.update(out=None),
+    "dict_became_list": lambda r: r.update(meta=[r["meta"]["scale"]]),
+    "frozen_became_plain": lambda r: r.update(frozen=BreakResult(r["frozen"].out, r["frozen"].extra, 1)),
+    "object_lost_a_tensor": lambda r: delattr(r["obj"], "extra"),
 }
 
 
@@ -483,14 +522,16 @@ def test_break_output_change_at_replay_raises_then_recovers(graph_oracle, make_t
 
     @eager_on_graph
     def attention_like(h):
-        result = {"out": h * 2, "pair": [h + 1, h - 1], "kv": (h * 3, h * 4), "obj": BreakResult(h * 5, h * 6, 1)}
+        result = {"out": h * 2, "pair": [h + 1, h - 1], "kv": (h * 3, h * 4), "obj": BreakResult(h * 5, h * 6, 1),
+                  "meta": {"scale": h * 7}, "frozen": FrozenBreakResult(h * 8, h * 9, [1])}
         if armed:
             OUTPUT_CHANGES[armed.pop()](result)
         return result
 
     def fn():
         r = attention_like(x + 1)
-        return r["out"] + r["pair"][0] * r["pair"][1] - r["kv"][0] + r["kv"][1] * r["obj"].out - r["obj"].extra
+        return (r["out"] + r["pair"][0] * r["pair"][1] - r["kv"][0] + r["kv"][1] * r["obj"].out - r["obj"].extra
+                + r["meta"]["scale"] - r["frozen"].out * r["frozen"].extra)
 
     graph = graph_oracle.capture(fn)
     x.copy_(make_tensor(4, 3, seed=22))

@@ -16,13 +16,16 @@ eagerly: the same function run outside any capture, on the same or a twin state.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from typing import Any
 
 import pytest
 import torch
+from hypothesis import example, given
+from hypothesis import strategies as st
 
-from harness.errors import CaptureError
+from harness.errors import CaptureError, ReplayError
 from harness.graphs import eager_on_graph
 
 pytestmark = pytest.mark.clause("write-back")
@@ -180,3 +183,177 @@ def test_random_draws_inside_a_break_are_fresh_and_in_the_eager_stream(graph_ora
         torch.manual_seed(100 + replay)
         graph_oracle.replay(graph, fn, inputs=[x], replay=replay, seed=100 + replay)
         graph_oracle.replay(graph, fn, inputs=[x], replay=replay, seed="the stream moved on")  # no reseed
+
+
+# Every container form the write-back contract admits (docs/graphs.md): tensors, lists, tuples, namedtuples, dicts,
+# dataclasses (frozen or not, with or without __slots__), plain objects (__dict__ or __slots__), nested to any depth,
+# holding Python values, None and opaque leaves. A container that holds no tensor may change its length, keys or
+# attributes from one call to the next; a Python value needs a list, dict or non-frozen object above it.
+_ARITIES = range(4)
+_RECORDS = {n: collections.namedtuple(f"Record{n}", [f"f{i}" for i in range(n)]) for n in _ARITIES}
+_DATACLASS_KINDS = {"dataclass": {}, "frozen": {"frozen": True}, "slotted": {"slots": True},
+                    "frozen_slotted": {"frozen": True, "slots": True}}
+_DATACLASSES = {(kind, n): dataclasses.make_dataclass(f"{kind.title().replace('_', '')}{n}",
+                                                      [(f"f{i}", Any) for i in range(n)], **options)
+                for kind, options in _DATACLASS_KINDS.items() for n in _ARITIES}
+
+
+class Attributes:
+    """A plain object whose attributes a break sets one by one (an engine's per-step scratch object)."""
+
+
+class SlottedAttributes:
+    __slots__ = ("a0", "a1", "a2")
+
+
+_VALUE_LEAVES = ("int", "float", "str", "bool", "appearing")  # Python values: need a mutable container above them
+_LEAVES = ("tensor", "none", "dtype", *_VALUE_LEAVES)
+_CONTAINERS = ("list", "tuple", "namedtuple", "dict", *_DATACLASS_KINDS, "object", "slotted_object")
+_MUTABLE = ("list", "dict", "dataclass", "slotted", "object", "slotted_object")
+
+return_forms = st.recursive(
+    st.sampled_from(_LEAVES).map(lambda leaf: (leaf,)),
+    lambda children: st.tuples(st.sampled_from(_CONTAINERS), st.lists(children, max_size=3).map(tuple)),
+    max_leaves=10,
+)
+
+
+def _holds_tensor(form: tuple[Any, ...]) -> bool:
+    return form[0] == "tensor" or (len(form) == 2 and any(_holds_tensor(child) for child in form[1]))
+
+
+def _unenclosed(form: tuple[Any, ...], leaves: tuple[str, ...], *, enclosed: bool = False) -> bool:
+    """Whether one of ``leaves`` sits where no list, dict or non-frozen object encloses it: a Python value there
+    makes the capture refuse, an opaque leaf (a dtype) that changes there makes the replay refuse."""
+    if form[0] in leaves:
+        return not enclosed
+    return len(form) == 2 and any(_unenclosed(child, leaves, enclosed=enclosed or form[0] in _MUTABLE)
+                                  for child in form[1])
+
+
+def _build(form: tuple[Any, ...], k: int, h: torch.Tensor, counter: list[int]) -> Any:
+    """The object a break returns for ``form`` at step ``k``: new each call, its tensors computed from ``h``, its
+    Python values from ``k``; a container without tensors leaves out its last member (or attribute) on odd ``k``."""
+    counter[0] += 1
+    index, kind = counter[0], form[0]
+    if kind == "tensor":
+        return h * (1 + index / 8) + k
+    leaf = {"int": lambda: 3 * k + index, "float": lambda: k / 4 + index, "str": lambda: f"s{k % 5}x{index}",
+            "bool": lambda: k % 2 == 0, "appearing": lambda: None if k % 2 else k + index, "none": lambda: None,
+            "dtype": lambda: torch.float64 if k % 4 == 3 else torch.float32}.get(kind)
+    if leaf is not None:
+        return leaf()
+    children = form[1]
+    members = [_build(child, k, h, counter) for child in children]
+    if kind in ("list", "dict", "object", "slotted_object") and not _holds_tensor(form) and k % 2:
+        members = members[:-1]  # a tensorless container may change its length, keys or attributes
+    if kind == "list":
+        return members
+    if kind == "dict":  # keys in the order built, the first left out on k % 3 == 0 (it comes back at the front)
+        keys = [f"key{i}" for i in range(len(members))]
+        return {key: value for key, value in zip(keys, members)
+                if not (key == "key0" and k % 3 == 0 and not _holds_tensor(form))}
+    if kind == "tuple":
+        return tuple(members)
+    if kind == "namedtuple":
+        return _RECORDS[len(children)](*members)
+    if kind in _DATACLASS_KINDS:
+        return _DATACLASSES[kind, len(children)](*members)
+    result: Any = Attributes() if kind == "object" else SlottedAttributes()
+    for i, value in enumerate(members):
+        setattr(result, f"a{i}", value)
+    return result
+
+
+def _members_of(value: Any) -> list[tuple[str, Any]]:
+    names = list(getattr(value, "__dict__", {})) + [name for name in getattr(type(value), "__slots__", ())
+                                                    if hasattr(value, name)]
+    return [(name, getattr(value, name)) for name in dict.fromkeys(names)]
+
+
+def _fingerprint(value: Any, path: str = "out") -> Any:
+    """A number reading every leaf of ``value`` in iteration order, with its place: what a later break computes from
+    the object it received at capture (it must see this call's leaves, their number, keys and order)."""
+    if isinstance(value, torch.Tensor):
+        return value.sum() * len(path)
+    if isinstance(value, dict):
+        items: list[tuple[str, Any]] = [(f"{path}[{key}]", item) for key, item in value.items()]
+    elif isinstance(value, (list, tuple)):
+        items = [(f"{path}[{i}]", item) for i, item in enumerate(value)]
+    elif value is None or isinstance(value, (bool, int, float, str, torch.dtype)):
+        if isinstance(value, str):
+            leaf = len(value) + sum(map(ord, value)) % 17
+        else:
+            leaf = 0.5 if value is None else 0.25 if isinstance(value, torch.dtype) else float(value)
+        return len(path) + leaf
+    else:
+        items = [(f"{path}.{type(value).__name__}.{name}", item) for name, item in _members_of(value)]
+    return len(items) + sum((i + 1) * _fingerprint(item, where) for i, (where, item) in enumerate(items))
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        return [t for item in value.values() for t in _tensors(item)]
+    if isinstance(value, (list, tuple)):
+        return [t for item in value for t in _tensors(item)]
+    return [t for _, item in _members_of(value) for t in _tensors(item)]
+
+
+# An engine-like output holding every container form once, replayed at steps that drop a tensorless dict's first key
+# and bring it back, take an object's last attribute away, change every Python value and the dtype; and a dtype in a
+# tuple that changes where nothing can take the new one.
+ENGINE_LIKE_OUTPUT = ("dict", (
+    ("tensor",),
+    ("namedtuple", (("int",), ("tensor",))),
+    ("frozen", (("tensor",), ("list", (("int",), ("str",))))),
+    ("object", (("int",), ("bool",), ("appearing",))),
+    ("dict", (("int",), ("float",), ("none",))),
+    ("slotted_object", (("tensor",), ("dict", (("int",),)))),
+    ("frozen_slotted", (("tuple", (("dtype",),)),)),
+    ("slotted", (("list", (("tuple", (("int",),)),)),)),
+))
+CHANGED_DTYPE_IN_A_TUPLE = ("tuple", (("tensor",), ("dtype",), ("list", (("int",),))))
+
+
+@given(form=return_forms, steps=st.lists(st.integers(0, 40), min_size=2, max_size=5),
+       rows=st.integers(1, 3), width=st.integers(1, 3))
+@example(form=ENGINE_LIKE_OUTPUT, steps=[4, 3, 6, 1, 2], rows=2, width=3)
+@example(form=CHANGED_DTYPE_IN_A_TUPLE, steps=[1, 3, 2], rows=2, width=3)
+@example(form=("frozen", (("tensor",), ("namedtuple", (("int",),)))), steps=[1, 2], rows=1, width=2)  # refused
+def test_every_container_form_a_break_returns_is_written_back(graph_oracle, make_tensor, form, steps, rows, width):
+    """A break returns ``form`` built anew at each call; captured ops read each of its tensors, a later break reads
+    every leaf of the object it received at capture, and the caller holds it in the graph's output. Eager is the
+    oracle at every replay; where a Python value has no list, dict or object above it the capture must refuse, and
+    where a dtype that changes has none the replay must (``docs/graphs.md``, write-back)."""
+    oracle = graph_oracle.fresh()
+    x = make_tensor(rows, width, seed=len(steps))
+    state = {"k": 0}  # even at capture: an "appearing" value is present there
+
+    @eager_on_graph
+    def produce(h):
+        return _build(form, state["k"], h, [0])
+
+    @eager_on_graph
+    def read_every_leaf(h, out):
+        return h * 0.5 + _fingerprint(out)
+
+    def fn():
+        h = x * 2
+        out = produce(h)
+        for i, tensor in enumerate(_tensors(out)):
+            h = h + tensor * (i + 1)
+        return {"hidden": read_every_leaf(h, out), "out": out}
+
+    if _unenclosed(form, _VALUE_LEAVES):
+        oracle.capture_fails(fn, CaptureError, match="cannot be updated in place", form=form)
+        return
+    graph = oracle.capture(fn, form=form)
+    for replay, k in enumerate(steps):
+        state["k"] = k
+        x.copy_(make_tensor(rows, width, seed=100 + replay))
+        if k % 4 == 3 and _unenclosed(form, ("dtype",)):  # no container can take the new dtype: it must raise
+            oracle.replay_fails(graph, ReplayError, form=form, replay=replay, k=k)
+        else:  # and a replay after a refused one equals eager again
+            oracle.replay(graph, fn, inputs=[x], form=form, replay=replay, k=k)

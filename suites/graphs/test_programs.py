@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from harness.errors import ReplayError
@@ -14,12 +17,15 @@ from harness.oracle import CALLING_MODES
 pytestmark = pytest.mark.clause("replay-equals-eager")
 
 OPS = ("add_input", "scale", "relu", "tanh", "matmul", "center", "transpose_view", "inplace_mul",
-       "slice_add", "softmax", "break", "fallback_math", "fallback_break", "retry")
+       "slice_add", "softmax", "break", "nested_break", "fallback_math", "fallback_break", "retry")
 # A fast path that refuses wide rows, as an attention backend refuses a shape it does not support: the program
 # handles the refusal during capture (falls back to eager math or to another break, or retries in a form the
 # fast path takes), and the replay must replay that handler (clause handled-break-errors).
 GUARDED = ("fallback_math", "fallback_break", "retry")
 FAST_PATH_WIDTH = 4
+# How the program passes a break its arguments: every break call of one program (those that raise at capture, and
+# those a break body makes, which run inline) takes them in one of these forms.
+CONVENTIONS = ("positional", "keyword", "all_keyword")
 
 
 class Refused(NotImplementedError):
@@ -29,6 +35,23 @@ class Refused(NotImplementedError):
 @eager_on_graph
 def _eager_affine(h: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     return h * 0.5 + bias
+
+
+def _call(brk: Callable[..., torch.Tensor], form: str, h: torch.Tensor, bias: torch.Tensor,
+          **options: Any) -> torch.Tensor:
+    """``brk`` called with ``h`` and ``bias`` in the calling convention ``form`` (one of :data:`CONVENTIONS`)."""
+    if form == "positional":
+        return brk(h, bias, **options)
+    if form == "keyword":
+        return brk(h, bias=bias, **options)
+    return brk(h=h, bias=bias, **options)
+
+
+@eager_on_graph
+def _nested_breaks(h: torch.Tensor, bias: torch.Tensor, *, convention: str) -> torch.Tensor:
+    """A break whose body calls another break (an attention wrapper calling a kernel that is a break on its own):
+    inside a break body the inner one is a plain call."""
+    return _call(_eager_affine, convention, h.tanh(), bias) * 2
 
 
 # Set between replays: the fast path then refuses every shape, or takes every shape. Where eager would then leave the
@@ -47,7 +70,7 @@ def _fast_path(h: torch.Tensor, bias: torch.Tensor, *, narrow: bool = False) -> 
 
 def _break_calls(op: str, width: int) -> int:
     """How many breaks one op calls (a refused fast path is a break call too)."""
-    if op == "break":
+    if op in ("break", "nested_break"):
         return 1
     if op not in GUARDED:
         return 0
@@ -55,7 +78,7 @@ def _break_calls(op: str, width: int) -> int:
 
 
 def _run_program(ops: list[tuple[str, float]], inputs: list[torch.Tensor], weight: torch.Tensor,
-                 bias: torch.Tensor) -> torch.Tensor:
+                 bias: torch.Tensor, convention: str) -> torch.Tensor:
     h = inputs[0] * 1.0  # a fresh intermediate, so in-place ops never touch the static inputs
     for step, (op, value) in enumerate(ops):
         x = inputs[step % len(inputs)]
@@ -81,17 +104,19 @@ def _run_program(ops: list[tuple[str, float]], inputs: list[torch.Tensor], weigh
         elif op == "softmax":
             h = torch.softmax(h, dim=-1)
         elif op == "break":
-            h = _eager_affine(h, bias)
+            h = _call(_eager_affine, convention, h, bias)
+        elif op == "nested_break":
+            h = _call(_nested_breaks, convention, h, bias, convention=convention)
         elif op in GUARDED:
             try:
-                h = _fast_path(h, bias)
+                h = _call(_fast_path, convention, h, bias)
             except Refused:
                 if op == "fallback_math":
                     h = torch.tanh(h * value) - bias  # the handler's own ops, captured after the refusal
                 elif op == "fallback_break":
-                    h = _eager_affine(h * value, bias)
+                    h = _call(_eager_affine, convention, h * value, bias)
                 else:
-                    h = _fast_path(h * value, bias, narrow=True)
+                    h = _call(_fast_path, convention, h * value, bias, narrow=True)
     return h
 
 
@@ -101,14 +126,14 @@ class Program(torch.nn.Module):
     bias buffer."""
 
     def __init__(self, ops: list[tuple[str, float]], inputs: list[torch.Tensor], weight: torch.Tensor,
-                 bias: torch.Tensor) -> None:
+                 bias: torch.Tensor, convention: str) -> None:
         super().__init__()
-        self.ops, self.inputs = ops, inputs
+        self.ops, self.inputs, self.convention = ops, inputs, convention
         self.weight = torch.nn.Parameter(weight)
         self.register_buffer("bias", bias)
 
     def forward(self) -> torch.Tensor:
-        return _run_program(self.ops, self.inputs, self.weight, self.bias)
+        return _run_program(self.ops, self.inputs, self.weight, self.bias, self.convention)
 
 
 # How the program is handed to the capturer: the module itself, its bound forward (hooks bypassed), or a closure.
@@ -122,15 +147,21 @@ programs = st.lists(
 
 @given(ops=programs, rows=st.integers(1, 9), width=st.integers(1, 9), input_count=st.integers(1, 3),
        seed=st.integers(0, 2**31 - 1), mode=st.sampled_from(CALLING_MODES), handed=st.sampled_from(sorted(HANDED)),
-       training=st.booleans(), refills=st.lists(st.booleans(), min_size=1, max_size=3))
+       training=st.booleans(), refills=st.lists(st.booleans(), min_size=1, max_size=3),
+       convention=st.sampled_from(CONVENTIONS))
+# every guarded path refusing at capture (rows wider than the fast path takes) and a nested break, called by keyword
+@example(ops=[("fallback_math", 0.5), ("nested_break", 2.0), ("fallback_break", -1.25), ("retry", 0.5)], rows=3,
+         width=FAST_PATH_WIDTH + 2, input_count=2, seed=45, mode=CALLING_MODES[0], handed="closure", training=False,
+         refills=[True, False], convention="keyword")
 def test_replay_after_refill_equals_eager(graph_oracle, make_tensor, ops, rows, width, input_count, seed, mode, handed,
-                                          training, refills):
-    """Captured and replayed under the caller's ``mode``; before each replay the caller refills every tensor the
-    program reads (inputs, bias buffer, weight parameter), or replays again as it is."""
+                                          training, refills, convention):
+    """Captured and replayed under the caller's ``mode``, every break called in the drawn ``convention``; before
+    each replay the caller refills every tensor the program reads (inputs, bias buffer, weight parameter), or
+    replays again as it is."""
     oracle = graph_oracle.fresh()
     inputs = [make_tensor(rows, width, seed=seed + i) for i in range(input_count)]
     program = Program(ops, inputs, make_tensor(width, width, seed=seed + 100) / width**0.5,
-                      make_tensor(width, seed=seed + 101)).train(training)
+                      make_tensor(width, seed=seed + 101), convention).train(training)
     fn = HANDED[handed](program)
     graph = oracle.capture(fn, modules=[program], mode=mode, program=ops, handed=handed)
     # a break the program called and that refused counts as a recorded break

@@ -20,6 +20,7 @@ from harness.golden import assert_upstream_golden
 from harness.models import build_model
 from harness.oracle import CALLING_MODES
 from harness.runner.cases import MAX_TOKENS, SEED, make_batch, split_strategy
+from harness.runner.discovery import DiscoveryRefused, discover_layer_model, sglang_pr24662_rule
 
 pytestmark = pytest.mark.clause("discovery")
 
@@ -206,3 +207,51 @@ def test_sglang_0_5_23_discovery_golden(sglang_0_5_23_matrix, snapshot):
         "sglang_0_5_23": {name: row["rules"]["sglang_0_5_23"] for name, row in sglang_0_5_23_matrix.items()
                           if "rules" in row},
     }, package="transformers")
+
+
+# The rule of SGLang's PR 24662 (harness.runner.discovery.sglang_pr24662_rule), written out by hand from its definition
+# for each layout: getattr(model, "language_model", model), then its ``.model`` when that has ``.layers``; otherwise
+# the language model itself, fallen back. (dotted path, fell back); it never searches.
+SGLANG_PR24662 = {
+    "dense": ("model", False),
+    "moe": ("model", False),
+    "vlm": ("language_model.model", False),
+    "side-input": ("model", False),
+    "odd-decoder-layers": ("", True),
+    "odd-transformer-h": ("", True),
+    "odd-lm-is-base": ("language_model", True),
+    "odd-wrapped-stack": ("", True),
+    "odd-unnamed-layers": ("", True),
+}
+
+
+@pytest.mark.parametrize("name", list(SGLANG_PR24662))
+def test_sglang_pr24662_rule_on_every_layout(device, name):
+    """The harness's own rule (not the runner under test): module, path, fallback and the paths it says it tried."""
+    path, fell_back = SGLANG_PR24662[name]
+    model = build_model(name, seed=SEED, device=device)
+    found = sglang_pr24662_rule(model)
+    base = "language_model" if hasattr(model, "language_model") else ""
+    tried = (f"{base}.model.layers",) if base else ("language_model", "model.layers")
+    assert (found.path, found.fell_back, found.searched, found.rule, found.tried) == (
+        path, fell_back, False, "sglang_pr24662", tried), f"{name}: {found.summary()}"
+    assert found.module is model.get_submodule(path), f"{name}: not the module at {path!r}"
+
+
+def test_a_refusing_rule_gives_way_to_the_next_or_is_raised(device):
+    """A rule that refuses (:class:`DiscoveryRefused`) gives no result: the next rule decides, and where every rule
+    refuses the first refusal is raised, naming the rule, the model's class and the rule's reason."""
+    model = build_model("dense", seed=SEED, device=device)
+
+    def refuse(refused):
+        raise DiscoveryRefused("refuses-all", type(refused).__name__, "no layer stack of mine")
+
+    refused_by_all = f"'refuses-all' refuses {type(model).__name__}: no layer stack"
+    with pytest.raises(DiscoveryRefused, match=refused_by_all) as raised:
+        discover_layer_model(model, rules=[refuse, refuse])
+    refusal = raised.value
+    assert (refusal.rule, refusal.model_class, refusal.reason) == (
+        "refuses-all", type(model).__name__, "no layer stack of mine")
+    assert refusal.summary() == {"refused": "no layer stack of mine", "rule": "refuses-all"}
+    found = discover_layer_model(model, rules=[refuse, "harness"])
+    assert (found.path, found.rule, found.module) == ("model", "harness", model.get_submodule("model"))

@@ -96,11 +96,14 @@ class Checker:
         __tracebackhide__ = True
         twin = eager_inputs is not None
         # Inside a hypothesis example, a caller's context (settings torch has a setter for) is drawn for every call:
-        # eager in the same context is the oracle (harness.oracle._contexts).
-        context = _contexts.drawn_caller_context(self.component)
+        # eager in the same context is the oracle (harness.oracle._contexts). A component that replays what it
+        # captured holds one context from its first capture to the example's end: in force already, not set again.
+        lifecycle = _contexts.spans_lifecycle(self.component)
+        context = (_contexts.example_caller_context(self.component, enter=False) if lifecycle
+                   else _contexts.drawn_caller_context(self.component))
         if context:
             details = {**details, "caller context": _contexts.described(context)}
-        with calling_mode(mode), _contexts.caller_context_applied(context):
+        with calling_mode(mode), _contexts.caller_context_applied({} if lifecycle else context):
             start = _snapshot(modules, inputs)
             expected = eager()
             after_eager = _snapshot(modules, eager_inputs if twin else inputs)
@@ -128,6 +131,10 @@ class Checker:
         names it in a failure: also a call that must leave them as it found them (one that raises, as eager
         raising from the same place would)."""
         __tracebackhide__ = True
+        if _contexts.spans_lifecycle(self.component):  # the caller's context, from this capture to the example's end
+            context = _contexts.example_caller_context(self.component)
+            if context:
+                details = {**details, "caller context": _contexts.described(context)}
         before = _snapshot(modules, ())
         built = build()
         after = _snapshot(modules, ())

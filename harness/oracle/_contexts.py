@@ -21,7 +21,7 @@ from harness.oracle import _globals
 from harness.oracle._allowed import NOT_DRAWN, allowed
 
 __all__ = ["settable", "caller_contexts", "caller_context_applied", "drawn_caller_context", "described",
-           "STRING_VALUES"]
+           "STRING_VALUES", "spans_lifecycle", "example_caller_context", "context_key", "entered_contexts"]
 
 # The values of string settings torch accepts but does not list anywhere a program can read.
 STRING_VALUES: dict[str, tuple[str, ...]] = {
@@ -75,7 +75,7 @@ def caller_contexts(component: str, *, max_settings: int = 2) -> st.SearchStrate
     """A context a caller of ``component`` can set: up to ``max_settings`` settings with a value each (none is the
     simplest, and what a failure shrinks towards); settings the allowed table lets ``component`` ignore left out."""
     if allowed(component, "caller context"):
-        return st.just({})
+        return st.just({})  # a component whose contract ignores every caller's context
     choices = {name: values for name, (_, values) in settable().items()
                if not allowed(component, f"caller context: {name}")}
     if not choices:
@@ -85,15 +85,85 @@ def caller_contexts(component: str, *, max_settings: int = 2) -> st.SearchStrate
                                                                for name in picked}))
 
 
-def drawn_caller_context(component: str) -> dict[str, Any]:
-    """A context drawn in the running hypothesis example (its draws shrink with the example's), or none outside one
-    (a plain test, a thread of a thread test): the one place every property test draws it."""
+def _running_example() -> Any:
+    """The build context of the hypothesis example running in this thread, or None."""
     from hypothesis.control import current_build_context
     from hypothesis.errors import InvalidArgument
 
     try:
         build = current_build_context()
     except InvalidArgument:  # no example is running in this thread
+        return None
+    # An @example: its data holds no choices to draw from (a draw would end it as invalid), so it runs with none.
+    return None if getattr(build.data, "max_choices", None) == 0 else build
+
+
+def spans_lifecycle(component: str) -> bool:
+    """Whether ``component``'s calls replay what an earlier step captured in the context then in force (the
+    allowed table's ``"caller context changed after capture"`` row): its caller's context is drawn once per example
+    and held from the first capture to the example's end (:func:`example_caller_context`), not per call."""
+    return allowed(component, "caller context changed after capture") is not None
+
+
+# id(build context) -> {component: the context entered for that example}; an entry lives as long as its example.
+_ENTERED: dict[int, dict[str, dict[str, Any]]] = {}
+
+
+def example_caller_context(component: str, *, enter: bool = True) -> dict[str, Any]:
+    """The caller's context of the running hypothesis example for a component that :func:`spans_lifecycle`: drawn
+    at the example's first capture or construction (``enter``), set then and put back when the example ends
+    (``hypothesis.control.cleanup``), so that capture, warm-up, every replay and their eager twins all run in it,
+    as an engine builds and serves its runner under one configuration. With ``enter=False`` (a call), the context
+    entered earlier in this example, or none where nothing was captured in it (a graph or runner built outside the
+    example was built in no drawn context, and a replay runs in its capture's). Outside an example: none."""
+    from hypothesis.control import cleanup
+
+    build = _running_example()
+    if build is None:
+        return {}
+    entered = _ENTERED.get(id(build), {})
+    if component in entered or not enter:
+        return entered.get(component, {})
+    context = build.data.draw(st.data()).draw(caller_contexts(component),
+                                              label=f"caller context ({component}, from capture to last replay)")
+    applied = caller_context_applied(context)
+    applied.__enter__()
+    _ENTERED.setdefault(id(build), {})[component] = context
+
+    def leave() -> None:
+        _ENTERED.get(id(build), {}).pop(component, None)
+        if not _ENTERED.get(id(build), True):
+            del _ENTERED[id(build)]
+        applied.__exit__(None, None, None)
+
+    cleanup(leave)
+    return context
+
+
+def context_key(component: str) -> str:
+    """The caller's context the running example holds for ``component`` (entered here if not yet, as
+    :func:`example_caller_context`), as a key for a cache of what the suites build once: a runner or graph is built
+    in one context and serves only in it, so a cache keeps one per context, and every example draws its context
+    whether or not the cache holds what it asks for (hypothesis replays an example's draws)."""
+    return described(example_caller_context(component))
+
+
+def entered_contexts() -> dict[str, Any]:
+    """Every setting the running example holds for the whole of its lifecycle (:func:`example_caller_context`), for
+    the threads it starts: an engine's threads serve under the configuration the engine was built in, and
+    thread-local settings (autocast) do not follow a new thread by themselves."""
+    build = _running_example()
+    merged: dict[str, Any] = {}
+    for context in _ENTERED.get(id(build), {}).values() if build is not None else ():
+        merged.update(context)
+    return merged
+
+
+def drawn_caller_context(component: str) -> dict[str, Any]:
+    """A context drawn in the running hypothesis example (its draws shrink with the example's), or none outside one
+    (a plain test, a thread of a thread test): the one place every property test draws it."""
+    build = _running_example()
+    if build is None:
         return {}
     # st.data() drawn from the example's own data: the context is one more draw of the example, printed with the
     # failing example as "Draw 1 (caller context): {...}" and shrunk (towards no context) with the rest.

@@ -653,3 +653,17 @@ class KeepsLastBatch(LayerStackRunner):
     def run(self, batch: ForwardBatch) -> Any:
         self.last_batch = batch
         return super().run(batch)
+
+
+@MUTANTS.add("constructs-in-defaults", bug="builds and captures its layer stacks under torch's defaults (float32 "
+             "default dtype, autocast off) whatever context the engine set, and puts the engine's back after: the "
+             "replays run another program than the one the engine runs eagerly")
+class ConstructsInDefaults(LayerStackRunner):
+    def __init__(self, model: nn.Module, **options: Any) -> None:
+        dtype = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float32)
+        try:
+            with torch.autocast("cpu", enabled=False), torch.autocast("cuda", enabled=False):
+                super().__init__(model, **options)
+        finally:
+            torch.set_default_dtype(dtype)

@@ -105,9 +105,14 @@ class Checker:
             details = {**details, "caller context": _contexts.described(context)}
         with calling_mode(mode), _contexts.caller_context_applied({} if lifecycle else context):
             start = _snapshot(modules, inputs)
+            # A context held across calls stands for a caller entering it around each call, as torch.autocast does,
+            # whose exit empties autocast's cast cache: a cast cached by an earlier call (weights since written in
+            # place) must not serve this one, on either side.
+            torch.clear_autocast_cache()
             expected = eager()
             after_eager = _snapshot(modules, eager_inputs if twin else inputs)
             _state.set_rng_state(start.rng)
+            torch.clear_autocast_cache()
             actual = candidate()
             after_candidate = _snapshot(modules, inputs)
         problems = []

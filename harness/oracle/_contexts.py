@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import re
+import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -21,7 +23,7 @@ from harness.oracle import _globals
 from harness.oracle._allowed import NOT_DRAWN, allowed
 
 __all__ = ["settable", "caller_contexts", "caller_context_applied", "drawn_caller_context", "described",
-           "STRING_VALUES", "spans_lifecycle", "example_caller_context", "context_key", "entered_contexts"]
+           "STRING_VALUES", "ENGINE_SETTINGS", "spans_lifecycle", "example_caller_context", "context_key", "entered_contexts"]
 
 # The values of string settings torch accepts but does not list anywhere a program can read.
 STRING_VALUES: dict[str, tuple[str, ...]] = {
@@ -41,6 +43,23 @@ def _candidates(name: str, value: Any) -> tuple[Any, ...]:
     if isinstance(value, str):
         return tuple(choice for choice in STRING_VALUES.get(name, ()) if choice != value)
     return ()  # no rule gives values of this type (None, a device, a tuple): not drawn
+
+
+def _autocast_takes(name: str, value: Any) -> bool:
+    """For an autocast dtype setting, whether ``torch.autocast`` (the way a caller sets it) takes ``value`` for its
+    device type: the raw setter takes any dtype, but torch.autocast disables itself, with a warning, for a dtype the
+    device type does not autocast to (float64 on CPU) or a device type it cannot run, and under such a dtype eager's
+    own ops refuse to run (``promote type is double``). Other settings: True."""
+    match = re.fullmatch(r"torch\.get_autocast_dtype\('(\w+)'\)", name)
+    if match is None:
+        return True
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        try:
+            with torch.autocast(match.group(1), dtype=value):
+                return True
+        except Exception:  # its warning (autocast disabled) or refusal: not a context a caller can hold
+            return False
 
 
 def _takes(setting: _globals.Setting, value: Any) -> bool:
@@ -65,7 +84,8 @@ def settable() -> dict[str, tuple[_globals.Setting, tuple[Any, ...]]]:
     for setting in _globals.settings():
         if setting.write is None or setting.name in NOT_DRAWN:
             continue
-        values = tuple(value for value in _candidates(setting.name, setting.read()) if _takes(setting, value))
+        values = tuple(value for value in _candidates(setting.name, setting.read())
+                       if _takes(setting, value) and _autocast_takes(setting.name, value))
         if values:
             found[setting.name] = (setting, values)
     return found
@@ -105,6 +125,10 @@ def spans_lifecycle(component: str) -> bool:
     return allowed(component, "caller context changed after capture") is not None
 
 
+# How many settings a context held from capture to last replay may hold: it stands for an engine's configuration,
+# which sets several at once (default dtype, deterministic algorithms, threads, matmul precision, autocast).
+ENGINE_SETTINGS = 6
+
 # id(build context) -> {component: the context entered for that example}; an entry lives as long as its example.
 _ENTERED: dict[int, dict[str, dict[str, Any]]] = {}
 
@@ -124,7 +148,7 @@ def example_caller_context(component: str, *, enter: bool = True) -> dict[str, A
     entered = _ENTERED.get(id(build), {})
     if component in entered or not enter:
         return entered.get(component, {})
-    context = build.data.draw(st.data()).draw(caller_contexts(component),
+    context = build.data.draw(st.data()).draw(caller_contexts(component, max_settings=ENGINE_SETTINGS),
                                               label=f"caller context ({component}, from capture to last replay)")
     applied = caller_context_applied(context)
     applied.__enter__()

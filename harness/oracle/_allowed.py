@@ -48,6 +48,12 @@ def allowed(component: str, fact: str) -> str | None:
 NOT_DRAWN: dict[str, str] = {
     "torch.is_grad_enabled": "drawn already, as the calling mode (CALLING_MODES)",
     "torch._C._is_fwd_grad_enabled": "forward-mode AD is entered through torch.autograd.forward_ad, never set bare",
+    "torch._C._get_cublas_allow_tf32": "a legacy TF32 flag: setting it (and setting it back) also writes the newer "
+                                       "fp32_precision state, which no getter of the legacy API reads back; beside "
+                                       "float32_matmul_precision, torch then refuses to read the precision, in eager's "
+                                       "own matmuls too, for the rest of the process",
+    "torch._C._get_cudnn_allow_tf32": "a legacy TF32 flag, as torch._C._get_cublas_allow_tf32",
+    "torch.backends.cudnn.allow_tf32": "a legacy TF32 flag, as torch._C._get_cublas_allow_tf32",
     "torch.get_num_interop_threads": "torch takes it once per process, before any inter-op work: no caller can set it "
                                      "around a call (and trying it would change it for the rest of the run)",
 }

@@ -103,7 +103,9 @@ class Checker:
                    else _contexts.drawn_caller_context(self.component))
         if context:
             details = {**details, "caller context": _contexts.described(context)}
-        with calling_mode(mode), _contexts.caller_context_applied({} if lifecycle else context):
+        # Set again for the call even where held (a value set back to itself changes nothing): leaving an
+        # inference_mode block restores the thread's dispatch keys, so autocast set inside one ends with it.
+        with calling_mode(mode), _contexts.caller_context_applied(context):
             start = _snapshot(modules, inputs)
             # A context held across calls stands for a caller entering it around each call, as torch.autocast does,
             # whose exit empties autocast's cast cache: a cast cached by an earlier call (weights since written in
@@ -136,13 +138,15 @@ class Checker:
         names it in a failure: also a call that must leave them as it found them (one that raises, as eager
         raising from the same place would)."""
         __tracebackhide__ = True
+        context: Mapping[str, Any] = {}
         if _contexts.spans_lifecycle(self.component):  # the caller's context, from this capture to the example's end
             context = _contexts.example_caller_context(self.component)
             if context:
                 details = {**details, "caller context": _contexts.described(context)}
-        before = _snapshot(modules, ())
-        built = build()
-        after = _snapshot(modules, ())
+        with _contexts.caller_context_applied(context):  # set again, as in call
+            before = _snapshot(modules, ())
+            built = build()
+            after = _snapshot(modules, ())
         _state.set_rng_state(before.rng)  # construction may draw (warm-up inputs); the caller's stream is theirs
         problems = self._state_differences(before, before, after, rng=False)
         self._raise(problems, self._details(**details, call=what))

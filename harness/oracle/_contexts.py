@@ -23,7 +23,8 @@ from harness.oracle import _globals
 from harness.oracle._allowed import NOT_DRAWN, allowed
 
 __all__ = ["settable", "caller_contexts", "caller_context_applied", "drawn_caller_context", "described",
-           "STRING_VALUES", "ENGINE_SETTINGS", "spans_lifecycle", "example_caller_context", "context_key", "entered_contexts"]
+           "STRING_VALUES", "ENGINE_SETTINGS", "spans_lifecycle", "example_caller_context", "context_key",
+           "entered_contexts"]
 
 # The values of string settings torch accepts but does not list anywhere a program can read.
 STRING_VALUES: dict[str, tuple[str, ...]] = {
@@ -102,7 +103,20 @@ def caller_contexts(component: str, *, max_settings: int = 2) -> st.SearchStrate
         return st.just({})
     names = st.lists(st.sampled_from(sorted(choices)), max_size=max_settings, unique=True)
     return names.flatmap(lambda picked: st.fixed_dictionaries({name: st.sampled_from(choices[name])
-                                                               for name in picked}))
+                                                               for name in picked})).filter(_consistent)
+
+
+def _consistent(context: Mapping[str, Any]) -> bool:
+    """Whether torch still reads every setting while ``context`` is set: some settings refuse together (the
+    legacy TF32 flags beside ``float32_matmul_precision``: reading the precision then raises, in eager's own
+    matmuls too), and such a mix is no context a caller can run in."""
+    with caller_context_applied(context):
+        for setting in _globals.settings():
+            try:
+                setting.read()
+            except Exception:  # refused together: not drawn
+                return False
+    return True
 
 
 def _running_example() -> Any:

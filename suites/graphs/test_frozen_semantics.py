@@ -38,6 +38,28 @@ def test_refilled_static_input_changes_the_result(graph_oracle, make_tensor):
     graph_oracle.replay(graph, program, inputs=[x], exact=True)
 
 
+# Ops whose keyword-only arguments change the result: alpha, an accumulation dtype, a rounding mode, a generator.
+KEYWORD_ONLY_ARGUMENT_OPS = {
+    "add_alpha": lambda x, g: torch.add(x, x.flip(0), alpha=3),
+    "sum_dtype": lambda x, g: x.sum(0, dtype=torch.float64).float() + x,
+    "div_rounding_mode": lambda x, g: torch.div(x * 7, 2, rounding_mode="floor"),
+    "rand_generator": lambda x, g: x + torch.rand(x.shape, generator=g, device=x.device),
+}
+
+
+@pytest.mark.parametrize("op", sorted(KEYWORD_ONLY_ARGUMENT_OPS))
+def test_keyword_only_arguments_replay(graph_oracle, make_tensor, op):
+    """An op's keyword-only arguments are part of what the graph replays, as CUDA replays the kernel they chose."""
+    x = make_tensor(4, 3, seed=6)
+    generator, twin = torch.Generator(device=x.device), torch.Generator(device=x.device)
+    generator.manual_seed(5)
+    graph = graph_oracle.capture(lambda: KEYWORD_ONLY_ARGUMENT_OPS[op](x, generator))
+    for seed in (7, 8):
+        x.copy_(make_tensor(4, 3, seed=seed))
+        twin.set_state(generator.get_state())
+        graph_oracle.replay(graph, lambda: KEYWORD_ONLY_ARGUMENT_OPS[op](x, twin), inputs=[x], exact=True, op=op)
+
+
 def test_fresh_tensor_handed_in_after_capture_is_ignored(graph_oracle, make_tensor):
     holder = {"x": make_tensor(3, 3, seed=6)}
     static = holder["x"]

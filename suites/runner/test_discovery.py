@@ -255,3 +255,53 @@ def test_a_refusing_rule_gives_way_to_the_next_or_is_raised(device):
     assert refusal.summary() == {"refused": "no layer stack of mine", "rule": "refuses-all"}
     found = discover_layer_model(model, rules=[refuse, "harness"])
     assert (found.path, found.rule, found.module) == ("model", "harness", model.get_submodule("model"))
+
+
+# --- a modality tower named by its class only ---------------------------------------------------------------
+# Transformers names a tower by its class (SiglipVisionModel, WhisperEncoder) while the attribute holding it may be
+# plain ("encoder"); a layer stack anywhere below such a tower is the tower's, never the text stack, whatever the
+# names between them. The oracle is the construction: the text stack is the one the model's forward calls.
+TOWER_CLASSES = ("SiglipVisionModel", "WhisperEncoder", "Qwen2VisionTransformerPretrainedModel")
+
+
+class _TowerAndText(torch.nn.Module):
+    """A wrapped text model at ``text`` (its stack at ``text.module.model``, found only by searching) beside a
+    tower at ``encoder`` holding another layer stack at ``encoder`` + ``between`` + ``trunk``; forward runs the
+    text model only."""
+
+    def __init__(self, text: torch.nn.Module, tower: torch.nn.Module, trunk: torch.nn.Module,
+                 between: tuple[str, ...]) -> None:
+        super().__init__()
+        self.config = text.config
+        self.text = text
+        self.encoder = tower
+        holder = tower
+        for name in between:
+            holder.add_module(name, torch.nn.Module())
+            holder = getattr(holder, name)
+        holder.trunk = trunk
+
+    def forward(self, input_ids, positions, batch):
+        return self.text(input_ids, positions, batch)
+
+
+@pytest.mark.parametrize("tower_class", TOWER_CLASSES)
+@pytest.mark.parametrize("between", [(), ("blocks",)], ids=["trunk-below-tower", "trunk-two-below-tower"])
+def test_stack_inside_a_tower_named_by_its_class_is_never_the_text_stack(build_runner, check_run, device,
+                                                                          tower_class, between):
+    """The tower's stack is as shallow as the text stack or shallower, and comes first by path: only its being
+    inside a tower (judged by every ancestor, not by its own path) keeps discovery off it. The runner must find the
+    text stack and replay as eager runs."""
+    text = build_model("odd-wrapped-stack", seed=SEED, device=device)
+    trunk = build_model("dense", seed=SEED + 1, device=device).get_submodule("model")
+    tower = type(tower_class, (torch.nn.Module,), {})()
+    model = _TowerAndText(text, tower, trunk, between).to(device).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # found by searching: the warning is test_discovered_module_path_and_warning's
+        runner = build_runner(model)
+    assert runner.discovery.module is text.get_submodule("module.model"), (
+        f"a {tower_class} at 'encoder' holds a layer stack at {'.'.join(('encoder', *between, 'trunk'))!r}; "
+        f"discovery gave {runner.discovery.path!r} ({type(runner.discovery.module).__name__}), not the text stack "
+        "at 'text.module.model'")
+    batch = make_batch("odd-wrapped-stack", [3, 2], seed=SEED, dtype=torch.float32, device=device)
+    check_run(runner, model, batch, model=f"text beside a {tower_class}", between=".".join(between))

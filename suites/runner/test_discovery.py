@@ -238,22 +238,32 @@ def test_sglang_pr24662_rule_on_every_layout(device, name):
     assert found.module is model.get_submodule(path), f"{name}: not the module at {path!r}"
 
 
-def test_a_refusing_rule_gives_way_to_the_next_or_is_raised(device):
-    """A rule that refuses (:class:`DiscoveryRefused`) gives no result: the next rule decides, and where every rule
-    refuses the first refusal is raised, naming the rule, the model's class and the rule's reason."""
-    model = build_model("dense", seed=SEED, device=device)
+def _refusing_rule(name):
+    """A rule named ``name`` that refuses every model, in words of its own (so that each refusal can be told apart)."""
 
     def refuse(refused):
-        raise DiscoveryRefused("refuses-all", type(refused).__name__, "no layer stack of mine")
+        raise DiscoveryRefused(name, type(refused).__name__, f"no layer stack of {name}'s")
 
-    refused_by_all = f"'refuses-all' refuses {type(model).__name__}: no layer stack"
-    with pytest.raises(DiscoveryRefused, match=refused_by_all) as raised:
-        discover_layer_model(model, rules=[refuse, refuse])
+    return refuse
+
+
+@pytest.mark.parametrize("refusing", [1, 2, 3])
+def test_a_refusing_rule_gives_way_to_the_next_or_is_raised(device, refusing):
+    """A rule that refuses (:class:`DiscoveryRefused`) gives no result: the next rule decides, and where every rule
+    refuses the first refusal is raised, naming the rule, the model's class and the rule's reason. Each rule refuses
+    in its own words, so a later refusal raised in its place is seen, for one refusing rule and for several."""
+    model = build_model("dense", seed=SEED, device=device)
+    names = [f"refuses-{index}" for index in range(refusing)]
+    rules = [_refusing_rule(name) for name in names]
+    with pytest.raises(DiscoveryRefused) as raised:
+        discover_layer_model(model, rules=rules)
     refusal = raised.value
     assert (refusal.rule, refusal.model_class, refusal.reason) == (
-        "refuses-all", type(model).__name__, "no layer stack of mine")
-    assert refusal.summary() == {"refused": "no layer stack of mine", "rule": "refuses-all"}
-    found = discover_layer_model(model, rules=[refuse, "harness"])
+        names[0], type(model).__name__, f"no layer stack of {names[0]}'s"), (
+        f"{refusing} rules refused; raised {refusal.rule!r}'s refusal ({refusal}), not the first rule's")
+    assert str(refusal) == f"discovery rule {names[0]!r} refuses {type(model).__name__}: no layer stack of {names[0]}'s"
+    assert refusal.summary() == {"refused": f"no layer stack of {names[0]}'s", "rule": names[0]}
+    found = discover_layer_model(model, rules=[*rules, "harness"])
     assert (found.path, found.rule, found.module) == ("model", "harness", model.get_submodule("model"))
 
 

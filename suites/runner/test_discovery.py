@@ -81,6 +81,22 @@ def test_discovered_module_path_and_warning(build_runner, device, name):
         assert not fallback_warnings, f"{name}: warned although discovery found the stack: {fallback_warnings}"
 
 
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_discover_layer_model_warns_with_its_own_category(device, name):
+    """``discover_layer_model`` (the harness's function, not the runner under test) warns with
+    :class:`DiscoveryWarning`, the category a caller filters on (README), exactly where the layout was found by
+    searching or fell back, and nowhere else."""
+    _, fell_back, searched = LAYOUTS[name]
+    model = build_model(name, seed=SEED, device=device)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        discover_layer_model(model)
+    categories = [w.category.__name__ for w in caught if type(model).__name__ in str(w.message)]
+    expected = ["DiscoveryWarning"] if fell_back or searched else []
+    assert categories == expected, (
+        f"{name}: discover_layer_model warned {categories} naming {type(model).__name__}, expected {expected}")
+
+
 @pytest.mark.clause("discovery-reported")
 @pytest.mark.parametrize("name", SEARCHED + FALLBACKS)
 def test_strict_discovery_refuses_to_fall_back(build_runner, device, name):

@@ -283,6 +283,24 @@ def test_a_refusing_rule_gives_way_to_the_next_or_is_raised(device, refusing):
     assert (found.path, found.rule, found.module) == ("model", "harness", model.get_submodule("model"))
 
 
+@pytest.mark.parametrize("inner", ["", "decoder", "language_model", "text_model"])
+def test_a_base_model_prefix_and_its_inner_places_are_known_paths(device, inner):
+    """A model's ``base_model_prefix`` (transformers) names where its base model is: the stack there, or at its
+    ``decoder``, ``language_model`` or ``text_model``, is found at a known path, for a prefix no rule lists itself,
+    so strict discovery takes it (``discover_layer_model``, the harness's function, not the runner under test)."""
+    stack = build_model("dense", seed=SEED, device=device).get_submodule("model")
+    base = stack if not inner else torch.nn.Module()
+    if inner:
+        base.add_module(inner, stack)
+    model = torch.nn.Module()
+    model.base_model_prefix = "trunk"  # no rule knows the name: only the prefix says where the base model is
+    model.trunk = base
+    path = ".".join(part for part in ("trunk", inner) if part)
+    found = discover_layer_model(model, strict=True)
+    assert (found.path, found.fell_back, found.searched, found.module) == (path, False, False, stack), (
+        f"base_model_prefix 'trunk', stack at {path!r}: discovery gave {found.summary()}")
+
+
 # --- a modality tower named by its class only ---------------------------------------------------------------
 # Transformers names a tower by its class (SiglipVisionModel, WhisperEncoder) while the attribute holding it may be
 # plain ("encoder"); a layer stack anywhere below such a tower is the tower's, never the text stack, whatever the

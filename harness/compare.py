@@ -165,11 +165,20 @@ def _walk(actual: Any, expected: Any, *, exact: bool, where: str, problems: list
         for field in dataclasses.fields(expected):
             _walk(getattr(actual, field.name, _MISSING), getattr(expected, field.name), exact=exact,
                   where=f"{where}.{field.name}", problems=problems)
-    elif actual is _MISSING or actual != expected:
+    elif actual is _MISSING or not _equal_leaves(actual, expected):
         problems.append(f"values differ at {where or 'output'}: actual {actual!r} vs expected {expected!r}")
 
 
 _MISSING = object()
+
+
+def _equal_leaves(actual: Any, expected: Any) -> bool:
+    """``actual == expected`` for two leaves; where ``==`` is element-wise (a numpy array), every element equal."""
+    equal = actual == expected
+    try:
+        return bool(equal)
+    except (ValueError, RuntimeError):  # an element-wise result has no truth value of its own
+        return bool(equal.all())
 
 
 def _keys(value: Any) -> Any:

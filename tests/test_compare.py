@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pytest
 import torch
 
@@ -70,3 +71,9 @@ def test_nan_in_the_same_place_is_equal():
     value = torch.tensor([1.0, float("nan")])
     assert_equivalent(value, value.clone(), exact=True)
     assert_equivalent(value, value.clone(), exact=False)
+
+
+def test_leaves_compared_element_wise_are_equal_only_where_every_element_is():
+    assert_equivalent({"a": [np.array([1, 2])]}, {"a": [np.array([1, 2])]}, exact=True)
+    with pytest.raises(MismatchError, match=r"values differ at \['a'\]\[0\]"):
+        assert_equivalent({"a": [np.array([1, 3])]}, {"a": [np.array([1, 2])]}, exact=True)

@@ -188,14 +188,22 @@ def write_back(captured: Any, new: Any, *,
     return captured
 
 
-def _merge(captured: Any, new: Any, copy_tensor: Callable[[torch.Tensor, Any], torch.Tensor]) -> Any:
-    """``captured`` updated in place where it can be, else the object its container must store instead."""
+def _merge(captured: Any, new: Any, copy_tensor: Callable[[torch.Tensor, Any], torch.Tensor],
+           merging: set[tuple[int, int]] | None = None) -> Any:
+    """``captured`` updated in place where it can be, else the object its container must store instead.
+    ``merging`` holds the pairs being merged further up: a reference cycle that leads back to one (a request that
+    points to its batch) finds the captured object, which that merge updates in place."""
     if isinstance(captured, torch.Tensor):
         return copy_tensor(captured, new)
+    merging = set() if merging is None else merging
+    if isinstance(captured, (list, dict)) or _is_object(captured):  # what a cycle can pass through (not a leaf)
+        if (id(captured), id(new)) in merging:
+            return captured
+        merging.add((id(captured), id(new)))
     holds_tensor = _holds_tensor(captured)
 
     def merge_member(old: Any, value: Any) -> Any:
-        return _merge(old, value, copy_tensor)
+        return _merge(old, value, copy_tensor, merging)
 
     if isinstance(captured, list):
         if type(new) is not type(captured) or (holds_tensor and len(new) != len(captured)):

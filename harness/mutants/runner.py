@@ -667,3 +667,19 @@ class ConstructsInDefaults(LayerStackRunner):
                 super().__init__(model, **options)
         finally:
             torch.set_default_dtype(dtype)
+
+
+@MUTANTS.add("tower-judged-by-own-path", bug="judges a searched layer stack a modality tower's by its own path and "
+             "class only, not its ancestors': a stack below a tower that only its class names (a SiglipVisionModel "
+             "held at 'encoder') is taken for the text stack when it is the shallowest, and capture fails or captures "
+             "the tower")
+class TowerJudgedByOwnPath(LayerStackRunner):
+    def discover(self, model: nn.Module) -> DiscoveryResult:
+        from harness.runner import discovery
+
+        ancestors = discovery._ancestors
+        discovery._ancestors = lambda model, path: []  # a dotted path split on whitespace: no ancestors at all
+        try:
+            return super().discover(model)
+        finally:
+            discovery._ancestors = ancestors

@@ -203,6 +203,10 @@ def drawn_caller_context(component: str) -> dict[str, Any]:
     build = _running_example()
     if build is None:
         return {}
+    if getattr(build.data, "max_choices", None) == 0:
+        # An explicit @example runs on data that holds no choices: a draw there overruns and ends the example. It
+        # is the caller's call as written, in no context of the harness's.
+        return {}
     # st.data() drawn from the example's own data: the context is one more draw of the example, printed with the
     # failing example as "Draw 1 (caller context): {...}" and shrunk (towards no context) with the rest.
     return build.data.draw(st.data()).draw(caller_contexts(component), label="caller context")

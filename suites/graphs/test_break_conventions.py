@@ -511,6 +511,7 @@ OUTPUT_CHANGES: dict[str, Callable[[dict[str, Any]], None]] = {
     "dict_became_list": lambda r: r.update(meta=[r["meta"]["scale"]]),
     "frozen_became_plain": lambda r: r.update(frozen=BreakResult(r["frozen"].out, r["frozen"].extra, 1)),
     "object_lost_a_tensor": lambda r: delattr(r["obj"], "extra"),
+    "object_holding_tensors_gone": lambda r: r.pop("obj"),
 }
 
 

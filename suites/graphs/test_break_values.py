@@ -20,9 +20,10 @@ import collections
 import dataclasses
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
-from hypothesis import example, given
+from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
 from harness.errors import CaptureError, ReplayError
@@ -164,6 +165,31 @@ def test_moving_window_of_a_ring_buffer_is_read_at_its_new_position(graph_oracle
                             start=start)
 
 
+@pytest.mark.parametrize("other_view", ["transposed", "rows_as_columns"])
+def test_view_at_the_captured_address_with_other_strides_is_read_through_them(graph_oracle, make_tensor, other_view):
+    """A break fills a square scratch buffer and returns it, at some calls through another view that starts at the
+    same address (a kernel choosing its output layout). That view reads other elements, so its values are copied
+    into the captured view, which later segments read; eager reads the new view (``docs/graphs.md``, views)."""
+    n = 4
+    x = make_tensor(n, n, seed=11)
+    scratch = torch.zeros(n, n, device=x.device)  # rewritten whole by every call before it is read
+    views = {"transposed": lambda buf: buf.t(), "rows_as_columns": lambda buf: buf.as_strided((n, n), (1, n))}
+    state = {"other": False}
+
+    @eager_on_graph
+    def fill(h):
+        scratch.copy_(h * 2)
+        return views[other_view](scratch) if state["other"] else scratch
+
+    # A contiguous result whatever layout the break chose (the output's strides would follow eager's view otherwise).
+    program = lambda: fill(x * 1.0).clone(memory_format=torch.contiguous_format) + x  # noqa: E731
+    graph = graph_oracle.capture(program)
+    for replay, other in enumerate([True, False, True]):
+        state["other"] = other
+        x.copy_(make_tensor(n, n, seed=40 + replay))
+        graph_oracle.replay(graph, program, inputs=[x], exact=True, replay=replay, other=other)
+
+
 @pytest.mark.clause("live-breaks")
 def test_random_draws_inside_a_break_are_fresh_and_in_the_eager_stream(graph_oracle, make_tensor):
     """A sampler or dropout in an eager region: each replay draws new numbers, exactly those eager
@@ -206,14 +232,29 @@ class SlottedAttributes:
     __slots__ = ("a0", "a1", "a2")
 
 
-_VALUE_LEAVES = ("int", "float", "str", "bool", "appearing")  # Python values: need a mutable container above them
-_LEAVES = ("tensor", "none", "dtype", *_VALUE_LEAVES)
+class OneSlot:
+    """A class whose ``__slots__`` is one string, not a sequence of names (Python allows both)."""
+
+    __slots__ = "a0"
+
+
+# Python values: need a mutable container above them. "retyped" is a number equal by == across calls but of another
+# type (1, 1.0, True): eager hands the caller this call's type.
+_VALUE_LEAVES = ("int", "float", "str", "bool", "appearing", "retyped")
+# Leaves that are not Python values: a device equal to but not the capture-time object (torch.device is built anew,
+# unlike a dtype); a numpy array, whose == gives no truth value (it stays where a mutable container encloses it: the
+# contract does not say what a changing array no container can take must do).
+_OPAQUE_LEAVES = ("device", "array")
+_LEAVES = ("tensor", "none", "dtype", *_OPAQUE_LEAVES, *_VALUE_LEAVES)
 _CONTAINERS = ("list", "tuple", "namedtuple", "dict", *_DATACLASS_KINDS, "object", "slotted_object")
-_MUTABLE = ("list", "dict", "dataclass", "slotted", "object", "slotted_object")
+_MUTABLE = ("list", "dict", "dataclass", "slotted", "object", "slotted_object", "one_slot")
 
 return_forms = st.recursive(
     st.sampled_from(_LEAVES).map(lambda leaf: (leaf,)),
-    lambda children: st.tuples(st.sampled_from(_CONTAINERS), st.lists(children, max_size=3).map(tuple)),
+    lambda children: st.one_of(
+        st.tuples(st.sampled_from(_CONTAINERS), st.lists(children, max_size=3).map(tuple)),
+        st.tuples(st.just("one_slot"), st.lists(children, max_size=1).map(tuple)),
+    ),
     max_leaves=10,
 )
 
@@ -240,12 +281,13 @@ def _build(form: tuple[Any, ...], k: int, h: torch.Tensor, counter: list[int]) -
         return h * (1 + index / 8) + k
     leaf = {"int": lambda: 3 * k + index, "float": lambda: k / 4 + index, "str": lambda: f"s{k % 5}x{index}",
             "bool": lambda: k % 2 == 0, "appearing": lambda: None if k % 2 else k + index, "none": lambda: None,
-            "dtype": lambda: torch.float64 if k % 4 == 3 else torch.float32}.get(kind)
+            "dtype": lambda: torch.float64 if k % 4 == 3 else torch.float32, "device": lambda: torch.device(h.device),
+            "retyped": lambda: (1, 1.0, True)[k % 3], "array": lambda: np.array([k, index])}.get(kind)
     if leaf is not None:
         return leaf()
     children = form[1]
     members = [_build(child, k, h, counter) for child in children]
-    if kind in ("list", "dict", "object", "slotted_object") and not _holds_tensor(form) and k % 2:
+    if kind in ("list", "dict", "object", "slotted_object", "one_slot") and not _holds_tensor(form) and k % 2:
         members = members[:-1]  # a tensorless container may change its length, keys or attributes
     if kind == "list":
         return members
@@ -259,16 +301,23 @@ def _build(form: tuple[Any, ...], k: int, h: torch.Tensor, counter: list[int]) -
         return _RECORDS[len(children)](*members)
     if kind in _DATACLASS_KINDS:
         return _DATACLASSES[kind, len(children)](*members)
-    result: Any = Attributes() if kind == "object" else SlottedAttributes()
-    for i, value in enumerate(members):
+    result: Any = {"object": Attributes, "slotted_object": SlottedAttributes, "one_slot": OneSlot}[kind]()
+    # A tensorless object leaves out its first attribute on k % 3 == 0 too: set again later, it comes back at the end
+    # of a plain object's __dict__, and a caller iterating the object meets it there in eager.
+    first = 1 if kind == "object" and k % 3 == 0 and not _holds_tensor(form) else 0
+    for i, value in list(enumerate(members))[first:]:
         setattr(result, f"a{i}", value)
     return result
 
 
 def _members_of(value: Any) -> list[tuple[str, Any]]:
-    names = list(getattr(value, "__dict__", {})) + [name for name in getattr(type(value), "__slots__", ())
+    slots = getattr(type(value), "__slots__", ())
+    names = list(getattr(value, "__dict__", {})) + [name for name in ((slots,) if isinstance(slots, str) else slots)
                                                     if hasattr(value, name)]
     return [(name, getattr(value, name)) for name in dict.fromkeys(names)]
+
+
+_TYPE_MARK = {bool: 1 / 64, float: 1 / 32}
 
 
 def _fingerprint(value: Any, path: str = "out") -> Any:
@@ -280,12 +329,15 @@ def _fingerprint(value: Any, path: str = "out") -> Any:
         items: list[tuple[str, Any]] = [(f"{path}[{key}]", item) for key, item in value.items()]
     elif isinstance(value, (list, tuple)):
         items = [(f"{path}[{i}]", item) for i, item in enumerate(value)]
-    elif value is None or isinstance(value, (bool, int, float, str, torch.dtype)):
+    elif value is None or isinstance(value, (bool, int, float, str, torch.dtype, torch.device)):
         if isinstance(value, str):
             leaf = len(value) + sum(map(ord, value)) % 17
         else:
-            leaf = 0.5 if value is None else 0.25 if isinstance(value, torch.dtype) else float(value)
-        return len(path) + leaf
+            leaf = (0.5 if value is None else 0.25 if isinstance(value, torch.dtype)
+                    else 0.375 if isinstance(value, torch.device) else float(value))
+        return len(path) + leaf + _TYPE_MARK.get(type(value), 0.0)  # the type a caller would see too
+    elif isinstance(value, np.ndarray):
+        return len(path) + float(value.sum()) + 0.75
     else:
         items = [(f"{path}.{type(value).__name__}.{name}", item) for name, item in _members_of(value)]
     return len(items) + sum((i + 1) * _fingerprint(item, where) for i, (where, item) in enumerate(items))
@@ -294,6 +346,8 @@ def _fingerprint(value: Any, path: str = "out") -> Any:
 def _tensors(value: Any) -> list[torch.Tensor]:
     if isinstance(value, torch.Tensor):
         return [value]
+    if isinstance(value, np.ndarray):
+        return []
     if isinstance(value, dict):
         return [t for item in value.values() for t in _tensors(item)]
     if isinstance(value, (list, tuple)):
@@ -315,6 +369,17 @@ ENGINE_LIKE_OUTPUT = ("dict", (
     ("slotted", (("list", (("tuple", (("int",),)),)),)),
 ))
 CHANGED_DTYPE_IN_A_TUPLE = ("tuple", (("tensor",), ("dtype",), ("list", (("int",),))))
+# A device in a tuple no container can replace (it must be taken as unchanged: equal, though built anew), numbers of
+# another type and numpy arrays in a list, an array in a one-string-__slots__ object.
+EQUAL_LEAVES_OF_ANOTHER_IDENTITY_OR_TYPE = ("tuple", (
+    ("tensor",), ("device",), ("list", (("retyped",), ("array",), ("one_slot", (("array",),)), ("int",))),
+))
+# Plain and slotted objects whose first or last attribute goes and comes back, as None too.
+ATTRIBUTES_THAT_GO_AND_COME_BACK = ("list", (
+    ("object", (("int",), ("str",), ("none",))),
+    ("slotted_object", (("int",), ("none",))),
+    ("tensor",),
+))
 
 
 @given(form=return_forms, steps=st.lists(st.integers(0, 40), min_size=2, max_size=5),
@@ -322,11 +387,15 @@ CHANGED_DTYPE_IN_A_TUPLE = ("tuple", (("tensor",), ("dtype",), ("list", (("int",
 @example(form=ENGINE_LIKE_OUTPUT, steps=[4, 3, 6, 1, 2], rows=2, width=3)
 @example(form=CHANGED_DTYPE_IN_A_TUPLE, steps=[1, 3, 2], rows=2, width=3)
 @example(form=("frozen", (("tensor",), ("namedtuple", (("int",),)))), steps=[1, 2], rows=1, width=2)  # refused
+@example(form=EQUAL_LEAVES_OF_ANOTHER_IDENTITY_OR_TYPE, steps=[1, 2, 3, 4], rows=1, width=2)
+@example(form=ATTRIBUTES_THAT_GO_AND_COME_BACK, steps=[1, 3, 4, 6], rows=1, width=2)
 def test_every_container_form_a_break_returns_is_written_back(graph_oracle, make_tensor, form, steps, rows, width):
     """A break returns ``form`` built anew at each call; captured ops read each of its tensors, a later break reads
     every leaf of the object it received at capture, and the caller holds it in the graph's output. Eager is the
     oracle at every replay; where a Python value has no list, dict or object above it the capture must refuse, and
-    where a dtype that changes has none the replay must (``docs/graphs.md``, write-back)."""
+    where a dtype that changes has none the replay must (``docs/graphs.md``, write-back). An equal leaf that is
+    another object (a device) stays accepted wherever it sits."""
+    assume(not _unenclosed(form, ("array",)))
     oracle = graph_oracle.fresh()
     x = make_tensor(rows, width, seed=len(steps))
     state = {"k": 0}  # even at capture: an "appearing" value is present there
@@ -357,3 +426,59 @@ def test_every_container_form_a_break_returns_is_written_back(graph_oracle, make
             oracle.replay_fails(graph, ReplayError, form=form, replay=replay, k=k)
         else:  # and a replay after a refused one equals eager again
             oracle.replay(graph, fn, inputs=[x], form=form, replay=replay, k=k)
+
+
+class Batch:
+    """An engine's batch whose requests point back to it: a break output with reference cycles."""
+
+
+class Request:
+    pass
+
+
+def _batch_fingerprint(batch: Batch) -> float:
+    """What a later break reads of the batch it received at capture: every request's length and place, whether each
+    points back to this batch, and how many requests the batch's own list holds (walked once, not along the cycles)."""
+    requests = sum((i + 1) * (request.length + 0.5 * (request.batch is batch) + 0.25 * len(request.batch.requests))
+                   for i, request in enumerate(batch.requests))
+    return requests + len(batch.notes) + sum(batch.notes[1:]) + (batch.notes[0] is batch.notes)
+
+
+@pytest.mark.parametrize("tensor_first", [False, True])
+def test_break_output_with_reference_cycles_is_written_back(graph_oracle, make_tensor, tensor_first):
+    """A break returns a batch whose requests point back to it and a notes list that holds itself; the write-back
+    follows each cycle back to the captured object instead of recursing without end, and a later break reads this
+    call's lengths through the captured batch, as eager reads the new one (``docs/graphs.md``, write-back).
+    The cycles come before the batch's tensor, or after it, in attribute order."""
+    x = make_tensor(2, 3, seed=7)
+    state = {"k": 0}
+
+    @eager_on_graph
+    def schedule(h):
+        batch = Batch()
+        if tensor_first:
+            batch.hidden = h * 2
+        batch.requests = []
+        for i in range(3):
+            request = Request()
+            request.batch, request.length = batch, state["k"] * (i + 1)
+            batch.requests.append(request)
+        batch.notes = []
+        batch.notes += [batch.notes] + [state["k"]] * (state["k"] % 3)  # tensorless: its length may change
+        if not tensor_first:
+            batch.hidden = h * 2
+        return batch
+
+    @eager_on_graph
+    def read(h, batch):
+        return h * 0.5 + _batch_fingerprint(batch)
+
+    def fn():
+        batch = schedule(x + 1)
+        return read(batch.hidden * 3, batch)
+
+    graph = graph_oracle.capture(fn)
+    for replay, k in enumerate([1, 5, 3]):
+        state["k"] = k
+        x.copy_(make_tensor(2, 3, seed=20 + replay))
+        graph_oracle.replay(graph, fn, inputs=[x], replay=replay, k=k, tensor_first=tensor_first)

@@ -74,6 +74,25 @@ def test_emulated_error_names_the_op(graph_oracle, graph_backend, make_tensor):
     graph_oracle.capture_fails(lambda: torch.nonzero(x), CaptureError, match="nonzero")
 
 
+# Tensors made from Python data on the graph's device: a copy from pageable host memory, which CUDA refuses in capture.
+PYTHON_DATA_TENSORS = {
+    "tensor": lambda x: x * torch.tensor(2.0, device=x.device),
+    "as_tensor": lambda x: x + torch.as_tensor([1.0] * x.shape[-1], device=x.device),
+}
+
+
+@pytest.mark.parametrize("made_by", sorted(PYTHON_DATA_TENSORS))
+def test_tensor_made_from_python_data_fails_capture(graph_oracle, graph_backend, make_tensor, made_by):
+    """``torch.tensor``/``torch.as_tensor`` on the graph's device inside a capture fails it with ``CaptureError``
+    (``docs/graphs.md``, Graph backends); the emulated backend's error names the line that made the tensor, the
+    program's own (not torch's or the harness's), so the user knows what to move out of the capture."""
+    x = make_tensor(4, seed=5)
+    emulated = graph_backend.name == "emulated"
+    graph_oracle.capture_fails(lambda: PYTHON_DATA_TENSORS[made_by](x), CaptureError, made_by=made_by,
+                               match=r"test_capture_errors\.py:\d+ \(<lambda>: " if emulated else None)
+    _assert_capture_usable_afterwards(graph_oracle, make_tensor)
+
+
 class _Interrupt(BaseException):
     pass
 

@@ -38,6 +38,28 @@ def test_refilled_static_input_changes_the_result(graph_oracle, make_tensor):
     graph_oracle.replay(graph, program, inputs=[x], exact=True)
 
 
+# Ops whose keyword-only arguments change the result: alpha, an accumulation dtype, a rounding mode, a generator.
+KEYWORD_ONLY_ARGUMENT_OPS = {
+    "add_alpha": lambda x, g: torch.add(x, x.flip(0), alpha=3),
+    "sum_dtype": lambda x, g: x.sum(0, dtype=torch.float64).float() + x,
+    "div_rounding_mode": lambda x, g: torch.div(x * 7, 2, rounding_mode="floor"),
+    "rand_generator": lambda x, g: x + torch.rand(x.shape, generator=g, device=x.device),
+}
+
+
+@pytest.mark.parametrize("op", sorted(KEYWORD_ONLY_ARGUMENT_OPS))
+def test_keyword_only_arguments_replay(graph_oracle, make_tensor, op):
+    """An op's keyword-only arguments are part of what the graph replays, as CUDA replays the kernel they chose."""
+    x = make_tensor(4, 3, seed=6)
+    generator, twin = torch.Generator(device=x.device), torch.Generator(device=x.device)
+    generator.manual_seed(5)
+    graph = graph_oracle.capture(lambda: KEYWORD_ONLY_ARGUMENT_OPS[op](x, generator))
+    for seed in (7, 8):
+        x.copy_(make_tensor(4, 3, seed=seed))
+        twin.set_state(generator.get_state())
+        graph_oracle.replay(graph, lambda: KEYWORD_ONLY_ARGUMENT_OPS[op](x, twin), inputs=[x], exact=True, op=op)
+
+
 def test_fresh_tensor_handed_in_after_capture_is_ignored(graph_oracle, make_tensor):
     holder = {"x": make_tensor(3, 3, seed=6)}
     static = holder["x"]
@@ -101,6 +123,24 @@ def test_tensors_created_inside_capture_are_refreshed(graph_oracle, make_tensor,
     graph_oracle.replay(graph, program, inputs=[x], exact=True)
 
 
+@pytest.mark.parametrize("rows", [0, 1])
+def test_empty_intermediates_belong_to_the_graph(graph_oracle, make_tensor, rows):
+    """A tensor of zero elements made inside the capture (an empty slice of a batch, scaled) has no memory a pool
+    could keep, yet it is the graph's own, as any op's result: the program drops it after capture and the replays
+    still equal eager (not a released outside tensor)."""
+    x = make_tensor(4, 3, seed=8)
+
+    def program():
+        part = x[:rows] * 2  # zero rows: an empty result
+        return torch.cat([x + 1, part + 1]) + part.sum(0)
+
+    graph = graph_oracle.capture(program)
+    gc.collect()
+    for seed in (9, 10):
+        x.copy_(make_tensor(4, 3, seed=seed))
+        graph_oracle.replay(graph, program, inputs=[x], exact=True, rows=rows)
+
+
 @pytest.mark.clause("pools")
 def test_graphs_sharing_a_pool_replay_independently(graph_oracle, make_tensor):
     pool = graph_oracle.new_pool()
@@ -112,6 +152,31 @@ def test_graphs_sharing_a_pool_replay_independently(graph_oracle, make_tensor):
     graph_oracle.replay(second, lambda: (x + 1) * 3, inputs=[x], exact=True, graph="second")
     assert_equivalent(first.output, x + 1, exact=True,
                       context={"checking": "the first graph's output after the second, in its pool, replayed"})
+
+
+@pytest.mark.clause("pools")
+def test_a_capture_handed_memory_another_graph_freed_computes_as_eager(graph_oracle, make_tensor):
+    """The first graph's intermediates (``x * 2`` and its column sums) are freed when its capture ends; a later
+    capture into the same pool may be handed that memory, the best fit (CUDA's allocator re-carves it). The later
+    capture's run, which stands in for the warm-up (``docs/graphs.md``, Graph backends), updates state from the
+    re-used memory as eager does, and the graphs, replayed in capture order, equal eager."""
+    pool = graph_oracle.new_pool()
+    n = 64
+    x, y = make_tensor(n, n, seed=20), make_tensor(n, n, seed=21)
+    total = torch.zeros(n, n, device=x.device)
+    first_program = lambda: (x * 2).sum(dim=0) + 1  # noqa: E731
+    second_program = lambda accumulator: lambda: accumulator.add_(y * 3) * 1.0  # noqa: E731
+    first = graph_oracle.capture(first_program, pool=pool)
+    second = graph_oracle.capture(second_program(total), pool=pool)
+    assert_equivalent(total, y * 3, exact=True,
+                      context={"checking": "state a capture into freed pool memory updated, against eager's update"})
+    for replay, seed in enumerate((22, 23)):
+        x.copy_(make_tensor(n, n, seed=seed))
+        y.copy_(make_tensor(n, n, seed=seed + 10))
+        graph_oracle.replay(first, first_program, inputs=[x], exact=False, graph="first", replay=replay)
+        twin = total.clone()
+        graph_oracle.replay(second, second_program(twin), inputs=[y, total], eager_inputs=[y, twin], exact=True,
+                            graph="second", replay=replay)
 
 
 @pytest.mark.clause("hazards")

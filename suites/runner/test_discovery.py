@@ -81,6 +81,22 @@ def test_discovered_module_path_and_warning(build_runner, device, name):
         assert not fallback_warnings, f"{name}: warned although discovery found the stack: {fallback_warnings}"
 
 
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_discover_layer_model_warns_with_its_own_category(device, name):
+    """``discover_layer_model`` (the harness's function, not the runner under test) warns with
+    :class:`DiscoveryWarning`, the category a caller filters on (README), exactly where the layout was found by
+    searching or fell back, and nowhere else."""
+    _, fell_back, searched = LAYOUTS[name]
+    model = build_model(name, seed=SEED, device=device)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        discover_layer_model(model)
+    categories = [w.category.__name__ for w in caught if type(model).__name__ in str(w.message)]
+    expected = ["DiscoveryWarning"] if fell_back or searched else []
+    assert categories == expected, (
+        f"{name}: discover_layer_model warned {categories} naming {type(model).__name__}, expected {expected}")
+
+
 @pytest.mark.clause("discovery-reported")
 @pytest.mark.parametrize("name", SEARCHED + FALLBACKS)
 def test_strict_discovery_refuses_to_fall_back(build_runner, device, name):
@@ -238,20 +254,98 @@ def test_sglang_pr24662_rule_on_every_layout(device, name):
     assert found.module is model.get_submodule(path), f"{name}: not the module at {path!r}"
 
 
-def test_a_refusing_rule_gives_way_to_the_next_or_is_raised(device):
-    """A rule that refuses (:class:`DiscoveryRefused`) gives no result: the next rule decides, and where every rule
-    refuses the first refusal is raised, naming the rule, the model's class and the rule's reason."""
-    model = build_model("dense", seed=SEED, device=device)
+def _refusing_rule(name):
+    """A rule named ``name`` that refuses every model, in words of its own (so that each refusal can be told apart)."""
 
     def refuse(refused):
-        raise DiscoveryRefused("refuses-all", type(refused).__name__, "no layer stack of mine")
+        raise DiscoveryRefused(name, type(refused).__name__, f"no layer stack of {name}'s")
 
-    refused_by_all = f"'refuses-all' refuses {type(model).__name__}: no layer stack"
-    with pytest.raises(DiscoveryRefused, match=refused_by_all) as raised:
-        discover_layer_model(model, rules=[refuse, refuse])
+    return refuse
+
+
+@pytest.mark.parametrize("refusing", [1, 2, 3])
+def test_a_refusing_rule_gives_way_to_the_next_or_is_raised(device, refusing):
+    """A rule that refuses (:class:`DiscoveryRefused`) gives no result: the next rule decides, and where every rule
+    refuses the first refusal is raised, naming the rule, the model's class and the rule's reason. Each rule refuses
+    in its own words, so a later refusal raised in its place is seen, for one refusing rule and for several."""
+    model = build_model("dense", seed=SEED, device=device)
+    names = [f"refuses-{index}" for index in range(refusing)]
+    rules = [_refusing_rule(name) for name in names]
+    with pytest.raises(DiscoveryRefused) as raised:
+        discover_layer_model(model, rules=rules)
     refusal = raised.value
     assert (refusal.rule, refusal.model_class, refusal.reason) == (
-        "refuses-all", type(model).__name__, "no layer stack of mine")
-    assert refusal.summary() == {"refused": "no layer stack of mine", "rule": "refuses-all"}
-    found = discover_layer_model(model, rules=[refuse, "harness"])
+        names[0], type(model).__name__, f"no layer stack of {names[0]}'s"), (
+        f"{refusing} rules refused; raised {refusal.rule!r}'s refusal ({refusal}), not the first rule's")
+    assert str(refusal) == f"discovery rule {names[0]!r} refuses {type(model).__name__}: no layer stack of {names[0]}'s"
+    assert refusal.summary() == {"refused": f"no layer stack of {names[0]}'s", "rule": names[0]}
+    found = discover_layer_model(model, rules=[*rules, "harness"])
     assert (found.path, found.rule, found.module) == ("model", "harness", model.get_submodule("model"))
+
+
+@pytest.mark.parametrize("inner", ["", "decoder", "language_model", "text_model"])
+def test_a_base_model_prefix_and_its_inner_places_are_known_paths(device, inner):
+    """A model's ``base_model_prefix`` (transformers) names where its base model is: the stack there, or at its
+    ``decoder``, ``language_model`` or ``text_model``, is found at a known path, for a prefix no rule lists itself,
+    so strict discovery takes it (``discover_layer_model``, the harness's function, not the runner under test)."""
+    stack = build_model("dense", seed=SEED, device=device).get_submodule("model")
+    base = stack if not inner else torch.nn.Module()
+    if inner:
+        base.add_module(inner, stack)
+    model = torch.nn.Module()
+    model.base_model_prefix = "trunk"  # no rule knows the name: only the prefix says where the base model is
+    model.trunk = base
+    path = ".".join(part for part in ("trunk", inner) if part)
+    found = discover_layer_model(model, strict=True)
+    assert (found.path, found.fell_back, found.searched, found.module) == (path, False, False, stack), (
+        f"base_model_prefix 'trunk', stack at {path!r}: discovery gave {found.summary()}")
+
+
+# --- a modality tower named by its class only ---------------------------------------------------------------
+# Transformers names a tower by its class (SiglipVisionModel, WhisperEncoder) while the attribute holding it may be
+# plain ("encoder"); a layer stack anywhere below such a tower is the tower's, never the text stack, whatever the
+# names between them. The oracle is the construction: the text stack is the one the model's forward calls.
+TOWER_CLASSES = ("SiglipVisionModel", "WhisperEncoder", "Qwen2VisionTransformerPretrainedModel")
+
+
+class _TowerAndText(torch.nn.Module):
+    """A wrapped text model at ``text`` (its stack at ``text.module.model``, found only by searching) beside a
+    tower at ``encoder`` holding another layer stack at ``encoder`` + ``between`` + ``trunk``; forward runs the
+    text model only."""
+
+    def __init__(self, text: torch.nn.Module, tower: torch.nn.Module, trunk: torch.nn.Module,
+                 between: tuple[str, ...]) -> None:
+        super().__init__()
+        self.config = text.config
+        self.text = text
+        self.encoder = tower
+        holder = tower
+        for name in between:
+            holder.add_module(name, torch.nn.Module())
+            holder = getattr(holder, name)
+        holder.trunk = trunk
+
+    def forward(self, input_ids, positions, batch):
+        return self.text(input_ids, positions, batch)
+
+
+@pytest.mark.parametrize("tower_class", TOWER_CLASSES)
+@pytest.mark.parametrize("between", [(), ("blocks",)], ids=["trunk-below-tower", "trunk-two-below-tower"])
+def test_stack_inside_a_tower_named_by_its_class_is_never_the_text_stack(build_runner, check_run, device,
+                                                                          tower_class, between):
+    """The tower's stack is as shallow as the text stack or shallower, and comes first by path: only its being
+    inside a tower (judged by every ancestor, not by its own path) keeps discovery off it. The runner must find the
+    text stack and replay as eager runs."""
+    text = build_model("odd-wrapped-stack", seed=SEED, device=device)
+    trunk = build_model("dense", seed=SEED + 1, device=device).get_submodule("model")
+    tower = type(tower_class, (torch.nn.Module,), {})()
+    model = _TowerAndText(text, tower, trunk, between).to(device).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # found by searching: the warning is test_discovered_module_path_and_warning's
+        runner = build_runner(model)
+    assert runner.discovery.module is text.get_submodule("module.model"), (
+        f"a {tower_class} at 'encoder' holds a layer stack at {'.'.join(('encoder', *between, 'trunk'))!r}; "
+        f"discovery gave {runner.discovery.path!r} ({type(runner.discovery.module).__name__}), not the text stack "
+        "at 'text.module.model'")
+    batch = make_batch("odd-wrapped-stack", [3, 2], seed=SEED, dtype=torch.float32, device=device)
+    check_run(runner, model, batch, model=f"text beside a {tower_class}", between=".".join(between))

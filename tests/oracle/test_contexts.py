@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from harness.errors import MismatchError
@@ -51,6 +51,20 @@ def test_a_context_is_set_for_the_block_and_put_back():
 
 def test_no_context_is_drawn_outside_a_hypothesis_example():
     assert _contexts.drawn_caller_context("toy") == {}
+
+
+def test_an_explicit_example_runs_in_no_drawn_context_and_generated_ones_draw():
+    seen: list[tuple[int, dict]] = []
+
+    @settings(max_examples=30, database=None, derandomize=True)
+    @given(st.integers(0, 9))
+    @example(-1)
+    def body(number):
+        seen.append((number, _contexts.drawn_caller_context("gather")))
+
+    body()
+    assert seen[0] == (-1, {}), "an explicit example has no choices to draw from: it must run as written"
+    assert any(context for number, context in seen[1:]), "generated examples draw contexts"
 
 
 def test_a_component_allowed_to_ignore_contexts_draws_none(monkeypatch):

@@ -15,6 +15,7 @@ class Stats:
 
 class Adapter:
     def __init__(self, model, *, buckets, graphs, strict_discovery=False):
+        buckets = tuple(buckets)  # any iterable, read once: a generator is empty the second time
         self.inner = BreakableGraphRunner(model, capture_sizes=list(buckets), capturer=graphs,
                                           strict=strict_discovery)
         self.buckets = tuple(sorted(buckets))

@@ -23,7 +23,7 @@ from harness.oracle import _globals
 from harness.oracle._allowed import NOT_DRAWN, allowed
 
 __all__ = ["settable", "caller_contexts", "caller_context_applied", "drawn_caller_context", "described",
-           "STRING_VALUES", "ENGINE_SETTINGS", "spans_lifecycle", "example_caller_context", "context_key",
+           "STRING_VALUES", "ENGINE_SETTINGS", "CONFIGURATIONS", "engine_configurations", "held_contexts", "spans_lifecycle", "example_caller_context", "context_key",
            "entered_contexts"]
 
 # The values of string settings torch accepts but does not list anywhere a program can read.
@@ -143,6 +143,43 @@ def spans_lifecycle(component: str) -> bool:
 # which sets several at once (default dtype, deterministic algorithms, threads, matmul precision, autocast).
 ENGINE_SETTINGS = 6
 
+# Components whose construction is dear (a runner captures every bucket of its model) draw their held context from
+# this many fixed engine configurations, not freely: the suites cache one construction per context, and a context
+# drawn afresh for every example rebuilt the runner every example.
+CONFIGURATIONS: dict[str, int] = {"runner": 3}
+
+
+@functools.cache
+def engine_configurations(component: str, count: int) -> tuple[dict[str, Any], ...]:
+    """``count`` contexts that together set every setting ``component``'s caller can set (:func:`settable`, less
+    what the allowed table lets it ignore), each setting in one of them, dealt round the contexts in name order, with
+    its values taken in turn; a setting that would make its context one torch refuses to read (:func:`_consistent`)
+    goes to the next context that takes it, and is left out where none does."""
+    configurations: list[dict[str, Any]] = [{} for _ in range(count)]
+    if allowed(component, "caller context"):
+        return tuple(configurations)
+    names = sorted(name for name in settable() if not allowed(component, f"caller context: {name}"))
+    for index, name in enumerate(names):
+        values = settable()[name][1]
+        for turn in range(count):
+            configuration = configurations[(index + turn) % count]
+            candidate = {**configuration, name: values[(index // count) % len(values)]}
+            if _consistent(candidate):
+                configuration[name] = candidate[name]
+                break
+    return tuple(configurations)
+
+
+def held_contexts(component: str) -> st.SearchStrategy[dict[str, Any]]:
+    """The contexts a caller holds around ``component`` from capture to last replay: none (what a failure shrinks
+    towards), else up to :data:`ENGINE_SETTINGS` settings drawn freely, or one of the component's fixed engine
+    configurations where :data:`CONFIGURATIONS` names it."""
+    count = CONFIGURATIONS.get(component)
+    if count is None:
+        return caller_contexts(component, max_settings=ENGINE_SETTINGS)
+    return st.sampled_from(({},) + engine_configurations(component, count))
+
+
 # id(build context) -> {component: the context entered for that example}; an entry lives as long as its example.
 _ENTERED: dict[int, dict[str, dict[str, Any]]] = {}
 
@@ -162,7 +199,7 @@ def example_caller_context(component: str, *, enter: bool = True) -> dict[str, A
     entered = _ENTERED.get(id(build), {})
     if component in entered or not enter:
         return entered.get(component, {})
-    context = build.data.draw(st.data()).draw(caller_contexts(component, max_settings=ENGINE_SETTINGS),
+    context = build.data.draw(st.data()).draw(held_contexts(component),
                                               label=f"caller context ({component}, from capture to last replay)")
     applied = caller_context_applied(context)
     applied.__enter__()
@@ -202,10 +239,6 @@ def drawn_caller_context(component: str) -> dict[str, Any]:
     (a plain test, a thread of a thread test): the one place every property test draws it."""
     build = _running_example()
     if build is None:
-        return {}
-    if getattr(build.data, "max_choices", None) == 0:
-        # An explicit @example runs on data that holds no choices: a draw there overruns and ends the example. It
-        # is the caller's call as written, in no context of the harness's.
         return {}
     # st.data() drawn from the example's own data: the context is one more draw of the example, printed with the
     # failing example as "Draw 1 (caller context): {...}" and shrunk (towards no context) with the rest.

@@ -199,3 +199,30 @@ def test_autocast_dtypes_torch_autocast_refuses_are_not_drawn():
     assert not _contexts._autocast_takes("torch.get_autocast_dtype('cpu')", torch.float64)
     assert _contexts._autocast_takes("torch.get_autocast_dtype('cpu')", torch.float16)
     assert torch.float64 not in _contexts.settable()["torch.get_autocast_dtype('cpu')"][1]
+
+
+def test_engine_configurations_set_every_settable_setting_once_and_are_what_a_dear_component_draws(monkeypatch):
+    configurations = _contexts.engine_configurations("runner", 3)
+    assert len(configurations) == 3
+    names = [name for configuration in configurations for name in configuration]
+    assert len(names) == len(set(names)), "each setting in one configuration"
+    settable = _contexts.settable()
+    left_out = set(settable) - set(names)
+    assert len(left_out) <= 1, f"settings no configuration takes: {sorted(left_out)}"
+    for configuration in configurations:
+        assert _contexts._consistent(configuration)
+        for name, value in configuration.items():
+            assert value in settable[name][1]
+    monkeypatch.setitem(_contexts.CONFIGURATIONS, "toy", 2)
+    _toy_lifecycle(monkeypatch)
+    drawn: list[dict] = []
+
+    @settings(max_examples=40, database=None, derandomize=True, deadline=None)
+    @given(st.data())
+    def body(data):
+        drawn.append(_contexts.example_caller_context("toy"))
+
+    body()
+    allowed = [{}, *_contexts.engine_configurations("toy", 2)]
+    assert all(context in allowed for context in drawn)
+    assert {} in drawn and any(drawn), "none, and a configuration"

@@ -495,9 +495,17 @@ class GraphCapturer:
 
     def capture(self, fn: Callable[[], Any], *, pool: Any = None, warmup_runs: int = 1) -> BreakableGraph:
         self.check_not_capturing()
-        for _ in range(warmup_runs):
-            self.backend.warm_up(fn)
-        session = self.session_class(self.backend, self.new_pool() if pool is None else pool)
-        with session.active():
-            output = fn()
+        # Autocast's cast cache off while warming up and capturing (torch.cuda.make_graphed_callables asks the same):
+        # a cast the cache served would be baked into the graph as a constant, and a replay after the weights were
+        # written in place would read the stale copy. The caller's setting is put back after.
+        cache_enabled = torch.is_autocast_cache_enabled()
+        torch.set_autocast_cache_enabled(False)
+        try:
+            for _ in range(warmup_runs):
+                self.backend.warm_up(fn)
+            session = self.session_class(self.backend, self.new_pool() if pool is None else pool)
+            with session.active():
+                output = fn()
+        finally:
+            torch.set_autocast_cache_enabled(cache_enabled)
         return self.graph_class(session.steps, output)

@@ -143,6 +143,7 @@ def build_model(name: str, *, seed: int = 0, dtype: torch.dtype = torch.float32,
                 config: ModelConfig | None = None) -> nn.Module:
     """Build zoo model ``name`` with weights drawn from ``seed``, in eval mode.
 
+    The weights depend on the arguments only, not on the caller's default dtype.
     ``requires_grad=False`` (the default) freezes parameters as an inference engine does; the MoE
     suite turns it on to prove the runner switches autograd off itself.
     """
@@ -150,8 +151,15 @@ def build_model(name: str, *, seed: int = 0, dtype: torch.dtype = torch.float32,
         raise UsageError(f"unknown zoo model {name!r}; known models: {', '.join(MODEL_NAMES)}")
     if not (dtype.is_floating_point and dtype.itemsize >= 2):
         raise UsageError(f"zoo models need a float16/bfloat16/float32/float64 dtype, got {dtype}")
-    model = _BUILDERS[name](config or ModelConfig())
-    _initialise(model, seed)
+    # Weights drawn in float32 whatever the caller's default dtype, then cast: a model depends on its arguments only,
+    # so a runner's model built under a caller's context equals its eager twin built outside it.
+    caller_default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float32)
+    try:
+        model = _BUILDERS[name](config or ModelConfig())
+        _initialise(model, seed)
+    finally:
+        torch.set_default_dtype(caller_default)
     model = model.to(device=device, dtype=dtype).eval()
     model.requires_grad_(requires_grad)
     model.zoo_name = name  # type: ignore[assignment]  # torch's stub types __setattr__'s value Tensor | Module

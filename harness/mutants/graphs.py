@@ -4,11 +4,12 @@ Each is a :class:`~harness.graphs.GraphCapturer` subclass changing one behaviour
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import gc
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -960,3 +961,24 @@ class _ChangedLeafAcceptedGraph(BreakableGraph):
              "can take the new one (a dtype in a tuple) is accepted silently: the holders keep the capture-time leaf")
 class ChangedLeafAccepted(GraphCapturer):
     graph_class = _ChangedLeafAcceptedGraph
+
+
+@contextlib.contextmanager
+def _torch_defaults() -> Iterator[None]:
+    """torch's own defaults for the block (float32 default dtype, autocast off), the caller's put back after it."""
+    dtype = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float32)
+    try:
+        with torch.autocast("cpu", enabled=False), torch.autocast("cuda", enabled=False):
+            yield
+    finally:
+        torch.set_default_dtype(dtype)
+
+
+@MUTANTS.add("captures-in-defaults", bug="captures under torch's defaults (float32 default dtype, autocast off) "
+             "whatever context the caller set, and puts the caller's back after: an engine configured for bfloat16 "
+             "or autocast gets graphs of another program than the one it runs eagerly")
+class CapturesInDefaults(GraphCapturer):
+    def capture(self, fn: Callable[[], Any], *, pool: Any = None, warmup_runs: int = 1) -> BreakableGraph:
+        with _torch_defaults():
+            return super().capture(fn, pool=pool, warmup_runs=warmup_runs)

@@ -655,6 +655,20 @@ class KeepsLastBatch(LayerStackRunner):
         return super().run(batch)
 
 
+@MUTANTS.add("constructs-in-defaults", bug="builds and captures its layer stacks under torch's defaults (float32 "
+             "default dtype, autocast off) whatever context the engine set, and puts the engine's back after: the "
+             "replays run another program than the one the engine runs eagerly")
+class ConstructsInDefaults(LayerStackRunner):
+    def __init__(self, model: nn.Module, **options: Any) -> None:
+        dtype = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float32)
+        try:
+            with torch.autocast("cpu", enabled=False), torch.autocast("cuda", enabled=False):
+                super().__init__(model, **options)
+        finally:
+            torch.set_default_dtype(dtype)
+
+
 @MUTANTS.add("tower-judged-by-own-path", bug="judges a searched layer stack a modality tower's by its own path and "
              "class only, not its ancestors': a stack below a tower that only its class names (a SiglipVisionModel "
              "held at 'encoder') is taken for the text stack when it is the shallowest, and capture fails or captures "

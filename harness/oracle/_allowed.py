@@ -11,7 +11,8 @@ __all__ = ["ALLOWED", "allowed", "NOT_DRAWN"]
 # "results outlive the next call", "rng", "process state",
 # "module state", "input values"; one setting of the process as "process state: <its name in process_state()>",
 # and a caller's context a component may ignore as "caller context: <setting name>", or "caller context" for every
-# setting (then it is not drawn for that component).
+# setting (then it is not drawn for that component); "caller context changed after capture" for a component that
+# replays what it captured (its context is then drawn once per example and held from the capture to the last replay).
 ALLOWED: dict[tuple[str, str], str] = {
     ("graphs", "results outlive the next call"):
         "replay() returns graph.output itself, the objects fn returned at capture, and every replay refreshes them "
@@ -22,15 +23,16 @@ ALLOWED: dict[tuple[str, str], str] = {
         "a replay's outputs are the capture's static tensors, carved out of the graph's memory pool (docs/graphs.md, "
         "pool clause): a block the pool hands a capture may be larger than the tensor placed in it, as a CUDA "
         "caching allocator's blocks are; the pool, not the caller, owns that memory",
-    ("graphs", "caller context"):
+    ("graphs", "caller context changed after capture"):
         "a replay runs the kernels its capture recorded, in the context of the capture (the autocast state, default "
-        "dtype, matmul precision, ... in force then): a CUDA graph cannot see the context of a later replay, so a "
-        "replay equals eager run in the capture's context, not the replay's (docs/graphs.md); the caller's context "
-        "is not drawn around a replay",
-    ("runner", "caller context"):
+        "dtype, matmul precision, ... in force then): a CUDA graph cannot see a context set after its capture, so a "
+        "replay equals eager run in the capture's context (docs/graphs.md, caller's context clause); a caller who "
+        "changes it recaptures. The caller's context is drawn once per example and held from the first capture to "
+        "the last replay, around eager alike (harness.oracle._contexts.example_caller_context)",
+    ("runner", "caller context changed after capture"):
         "the runner replays layer stacks captured at its construction, in the construction's context, as the graphs "
-        "row says; a caller's context around a later call reaches only its eager parts, so it is not drawn around "
-        "runner calls",
+        "row says (docs/runner.md): the caller's context is drawn once per example and held from the runner's "
+        "construction to its last call, around eager alike",
 }
 
 
@@ -46,6 +48,12 @@ def allowed(component: str, fact: str) -> str | None:
 NOT_DRAWN: dict[str, str] = {
     "torch.is_grad_enabled": "drawn already, as the calling mode (CALLING_MODES)",
     "torch._C._is_fwd_grad_enabled": "forward-mode AD is entered through torch.autograd.forward_ad, never set bare",
+    "torch._C._get_cublas_allow_tf32": "a legacy TF32 flag: setting it (and setting it back) also writes the newer "
+                                       "fp32_precision state, which no getter of the legacy API reads back; beside "
+                                       "float32_matmul_precision, torch then refuses to read the precision, in eager's "
+                                       "own matmuls too, for the rest of the process",
+    "torch._C._get_cudnn_allow_tf32": "a legacy TF32 flag, as torch._C._get_cublas_allow_tf32",
+    "torch.backends.cudnn.allow_tf32": "a legacy TF32 flag, as torch._C._get_cublas_allow_tf32",
     "torch.get_num_interop_threads": "torch takes it once per process, before any inter-op work: no caller can set it "
                                      "around a call (and trying it would change it for the rest of the run)",
 }

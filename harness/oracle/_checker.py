@@ -96,15 +96,25 @@ class Checker:
         __tracebackhide__ = True
         twin = eager_inputs is not None
         # Inside a hypothesis example, a caller's context (settings torch has a setter for) is drawn for every call:
-        # eager in the same context is the oracle (harness.oracle._contexts).
-        context = _contexts.drawn_caller_context(self.component)
+        # eager in the same context is the oracle (harness.oracle._contexts). A component that replays what it
+        # captured holds one context from its first capture to the example's end: in force already, not set again.
+        lifecycle = _contexts.spans_lifecycle(self.component)
+        context = (_contexts.example_caller_context(self.component, enter=False) if lifecycle
+                   else _contexts.drawn_caller_context(self.component))
         if context:
             details = {**details, "caller context": _contexts.described(context)}
+        # Set again for the call even where held (a value set back to itself changes nothing): leaving an
+        # inference_mode block restores the thread's dispatch keys, so autocast set inside one ends with it.
         with calling_mode(mode), _contexts.caller_context_applied(context):
             start = _snapshot(modules, inputs)
+            # A context held across calls stands for a caller entering it around each call, as torch.autocast does,
+            # whose exit empties autocast's cast cache: a cast cached by an earlier call (weights since written in
+            # place) must not serve this one, on either side.
+            torch.clear_autocast_cache()
             expected = eager()
             after_eager = _snapshot(modules, eager_inputs if twin else inputs)
             _state.set_rng_state(start.rng)
+            torch.clear_autocast_cache()
             actual = candidate()
             after_candidate = _snapshot(modules, inputs)
         problems = []
@@ -128,9 +138,15 @@ class Checker:
         names it in a failure: also a call that must leave them as it found them (one that raises, as eager
         raising from the same place would)."""
         __tracebackhide__ = True
-        before = _snapshot(modules, ())
-        built = build()
-        after = _snapshot(modules, ())
+        context: Mapping[str, Any] = {}
+        if _contexts.spans_lifecycle(self.component):  # the caller's context, from this capture to the example's end
+            context = _contexts.example_caller_context(self.component)
+            if context:
+                details = {**details, "caller context": _contexts.described(context)}
+        with _contexts.caller_context_applied(context):  # set again, as in call
+            before = _snapshot(modules, ())
+            built = build()
+            after = _snapshot(modules, ())
         _state.set_rng_state(before.rng)  # construction may draw (warm-up inputs); the caller's stream is theirs
         problems = self._state_differences(before, before, after, rng=False)
         self._raise(problems, self._details(**details, call=what))

@@ -66,14 +66,18 @@ def footprint() -> Footprint:
     gc.collect()
     # type(), not isinstance(): isinstance reads __class__, which some of the objects walked answer with a warning
     tensors = [obj for obj in gc.get_objects() if issubclass(type(obj), torch.Tensor)]
+    from torch._subclasses.fake_tensor import FakeTensor
+
     storages: dict[tuple[str, int], int] = {}
     for tensor in tensors:
-        if tensor.is_meta or tensor.layout != torch.strided:
+        # A compiler's fake tensor (in its caches) holds no memory, and torch warns that reading its address is
+        # deprecated.
+        if tensor.is_meta or tensor.layout != torch.strided or issubclass(type(tensor), FakeTensor):
             continue
         try:
             storage = tensor.untyped_storage()
             storages[(tensor.device.type, storage.data_ptr())] = storage.nbytes()
-        except RuntimeError:  # a compiler's fake tensor (in its caches): it holds no memory
+        except RuntimeError:  # a tensor subclass without a storage of its own: it holds none
             continue
     device_bytes = torch.cuda.memory_allocated() if torch.cuda.is_available() and torch.cuda.is_initialized() else 0
     return Footprint(len(tensors), sum(storages.values()), device_bytes)

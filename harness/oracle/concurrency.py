@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from harness.oracle import _contexts
+
 __all__ = ["Rendezvous", "Signals", "Lockstep", "run_in_threads", "THREAD_TIMEOUT_S"]
 
 #: How long a thread waits at a rendezvous, or for its peers to end, before the test fails: far above what an
@@ -195,11 +197,15 @@ def run_in_threads(bodies: Sequence[Callable[[], Any]], *, rendezvous: Rendezvou
     start = threading.Barrier(len(bodies), timeout=timeout)
     results: list[Any] = [None] * len(bodies)
     errors: dict[int, BaseException] = {}
+    # The caller's context the example holds from capture to last replay, thread-local settings (autocast) included:
+    # each thread serves in it, as an engine's threads serve in the configuration it was built in.
+    context = _contexts.entered_contexts()
 
     def run(index: int) -> None:
         try:
             start.wait()
-            results[index] = bodies[index]()
+            with _contexts.caller_context_applied(context):
+                results[index] = bodies[index]()
         except BaseException as error:  # noqa: BLE001 - handed to the caller's thread, never swallowed
             errors[index] = error
             start.abort()

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from harness.graphs import run_eagerly
-from harness.oracle import Checker, calling_mode
+from harness.oracle import Checker, calling_mode, example_caller_context
 
 __all__ = ["GraphOracle", "observable"]
 
@@ -77,6 +77,9 @@ class GraphOracle:
     def capture(self, fn: Callable[[], Any], /, *, modules: Sequence[torch.nn.Module] = (), mode: str | None = None,
                 pool: Any = None, warmup_runs: int = 1, **details: Any) -> Any:
         __tracebackhide__ = True
+        # The example's caller's context is entered outside the calling mode: leaving torch.inference_mode restores
+        # the thread's dispatch keys as they were at its entry, so autocast set inside it would end with it.
+        example_caller_context(self.checker.component)
         with calling_mode(mode):
             graph = self.checker.construct(lambda: self.capturer.capture(fn, pool=pool, warmup_runs=warmup_runs),
                                            modules=modules, mode=mode, step="capture", **details)
@@ -128,6 +131,7 @@ class GraphOracle:
                 call()
             return raised.value
 
+        example_caller_context(self.checker.component)  # outside the calling mode, as in capture
         with calling_mode(mode):
             return self.checker.construct(attempt, modules=modules, mode=mode, **details)
 

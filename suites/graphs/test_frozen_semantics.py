@@ -207,3 +207,20 @@ def test_graphs_captured_without_a_pool_do_not_share_memory(graph_oracle, make_t
     graph_oracle.replay(first, lambda: (x * 2).sum(dim=0), inputs=[x], exact=False, graph="first")
     assert_equivalent(second.output, expected, exact=True,
                       context={"checking": "the output of a graph after another graph, with its own pool, replayed"})
+
+
+def test_a_replay_runs_in_its_captures_context(graph_oracle, make_tensor, device):
+    """docs/graphs.md, caller's context: a context set after the capture does not reach a replay, which equals
+    eager run in the capture's context (autocast here); a caller who changes the context captures again."""
+    x, weight = make_tensor(4, 8, seed=16), make_tensor(8, 8, seed=17)
+    program = lambda: x @ weight  # noqa: E731
+
+    def in_capture_context():
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            return program()
+
+    with torch.autocast(device.type, dtype=torch.bfloat16):
+        graph = graph_oracle.capture(program)
+    x.copy_(make_tensor(4, 8, seed=18))
+    replayed = graph_oracle.replay(graph, in_capture_context, inputs=[x])  # autocast off now
+    assert replayed.dtype == torch.bfloat16 != program().dtype, "the replay ran in the replay's context"

@@ -13,7 +13,7 @@ import torch
 
 from harness.compare import assert_equivalent
 from harness.models import build_model
-from harness.oracle import Checker
+from harness.oracle import Checker, context_key
 from harness.plugin.failures import failure_context as context_of
 from harness.runner import ForwardBatch, select_bucket
 from harness.runner.cases import BUCKETS, SEED, eager, eager_padded
@@ -46,15 +46,18 @@ def zoo_runner(build_runner: Callable[..., Any], device: torch.device) -> Callab
     Tests that patch the model or runner undo it (monkeypatch) and must leave the runner usable,
     which is itself part of the contract. Discovery warnings are checked on fresh runners instead.
     """
-    cache: dict[tuple[str, torch.dtype], tuple[Any, Any]] = {}
+    cache: dict[tuple[str, torch.dtype, str], tuple[Any, Any]] = {}
 
     def get(name: str, dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
-        if (name, dtype) not in cache:
+        # Inside a hypothesis example, the caller's context the example holds from here to its end: a runner is
+        # built in it and serves only in it (a runner replays in its construction's context), one per context.
+        key = (name, dtype, context_key("runner"))
+        if key not in cache:
             model = build_model(name, seed=SEED, dtype=dtype, device=device)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                cache[name, dtype] = model, build_runner(model)
-        return cache[name, dtype]
+                cache[key] = model, build_runner(model)
+        return cache[key]
 
     return get
 

@@ -37,7 +37,7 @@ from harness.compare import assert_equivalent
 from harness.errors import BucketError, HarnessError, ReplayError
 from harness.graphs import eager_on_graph
 from harness.models import build_model, packed_causal_attention
-from harness.oracle import CALLING_MODES, Checker, calling_mode
+from harness.oracle import CALLING_MODES, Checker, calling_mode, context_key
 from harness.runner import ForwardBatch, select_bucket
 from harness.runner.cases import SEED, ambiguous_requests, eager, make_batch, split_strategy
 
@@ -422,12 +422,13 @@ def _machine(kind: str, subjects: Callable[[bool, bool], _Subject], device: torc
 
 @pytest.mark.parametrize("kind", list(MACHINES))
 def test_runner_lifecycle(kind, build_runner, device, check_run, runner_checker, failure_context):
-    cache: dict[tuple[bool, bool], _Subject] = {}
+    cache: dict[tuple[bool, bool, str], _Subject] = {}
 
     def subjects(wrapper: bool, hook: bool) -> _Subject:
-        if (wrapper, hook) not in cache:
-            cache[wrapper, hook] = _build_subject(kind, wrapper, hook, build_runner, device)
-        return cache[wrapper, hook]
+        key = (wrapper, hook, context_key("runner"))  # one subject per caller's context (harness.oracle.context_key)
+        if key not in cache:
+            cache[key] = _build_subject(kind, wrapper, hook, build_runner, device)
+        return cache[key]
 
     machine = _machine(kind, subjects, device, check_run, runner_checker, failure_context)
     current = settings()

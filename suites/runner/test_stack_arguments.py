@@ -38,7 +38,7 @@ from harness.compare import assert_equivalent
 from harness.errors import HarnessError, MismatchError
 from harness.models import build_model
 from harness.models.engine import CausalLM, EngineModel, ModelConfig
-from harness.oracle import CALLING_MODES
+from harness.oracle import CALLING_MODES, context_key
 from harness.runner.cases import SEED, split_strategy
 from harness.runner.runner import map_tensors
 
@@ -155,15 +155,16 @@ def _build(name: str, device: torch.device) -> torch.nn.Module:
 
 @pytest.fixture(scope="module")
 def argument_runners(build_runner, device):
-    cache: dict[str, tuple[torch.nn.Module, Any]] = {}
+    cache: dict[tuple[str, str], tuple[torch.nn.Module, Any]] = {}
 
     def get(name: str) -> tuple[torch.nn.Module, Any]:
-        if name not in cache:
+        key = (name, context_key("runner"))  # one runner per caller's context (harness.oracle.context_key)
+        if key not in cache:
             model = _build(name, device)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                cache[name] = model, build_runner(model, buckets=BUCKETS)
-        return cache[name]
+                cache[key] = model, build_runner(model, buckets=BUCKETS)
+        return cache[key]
 
     return get
 

@@ -98,3 +98,131 @@ def test_a_call_wrong_only_under_a_drawn_context_is_caught():
     drawn_dtype = r"caller context: .*torch\.get_default_dtype=torch\.(float64|bfloat16|float16)"
     with pytest.raises(MismatchError, match=drawn_dtype):
         checked()
+
+
+def _toy_lifecycle(monkeypatch) -> None:
+    monkeypatch.setitem(ALLOWED, ("toy", "caller context changed after capture"), "a toy that replays what it "
+                                                                                   "captured, in the capture's context")
+
+
+def test_a_lifecycle_context_is_held_from_the_first_capture_to_the_example_end(monkeypatch):
+    _toy_lifecycle(monkeypatch)
+    names = list(_contexts.settable())
+    outside = _globals.read(_globals.settings())
+    held: list[dict] = []
+
+    @settings(max_examples=30, database=None, derandomize=True, deadline=None)
+    @given(st.integers(0, 3))
+    def body(replays):
+        assert _contexts.example_caller_context("toy", enter=False) == {}, "nothing captured yet: no context"
+        context = _contexts.example_caller_context("toy")  # the capture
+        for _ in range(replays + 1):  # every later step of the example sees the same context, in force
+            assert _contexts.example_caller_context("toy", enter=False) == context
+            assert _contexts.example_caller_context("toy") == context, "drawn once per example"
+            for name, value in context.items():
+                assert _contexts.settable()[name][0].read() == value, f"{name} not in force"
+        held.append(dict(context))
+
+    body()
+    assert any(held), "positive control: some example held a context"
+    assert _globals.read(_globals.settings()) == outside, "every setting put back when its example ended"
+    assert set(names) >= {name for context in held for name in context}
+
+
+def test_a_call_of_a_lifecycle_component_runs_eager_in_the_held_context(monkeypatch):
+    _toy_lifecycle(monkeypatch)
+    seen: list[tuple[torch.dtype, torch.dtype, torch.dtype]] = []
+
+    @settings(max_examples=40, database=None, derandomize=True, deadline=None)
+    @given(st.data())
+    def body(data):
+        checker = Checker("toy")
+        captured = checker.construct(lambda: torch.get_default_dtype(), modules=())
+        eager_dtype: list[torch.dtype] = []
+        checker.call(lambda: torch.ones(2, dtype=captured), lambda: eager_dtype.append(torch.get_default_dtype())
+                     or torch.ones(2), exact=True)
+        seen.append((captured, eager_dtype[0], torch.get_default_dtype()))
+
+    body()
+    assert all(captured == eager == now for captured, eager, now in seen)
+    assert any(captured != torch.float32 for captured, _, _ in seen), "positive control: another default dtype held"
+
+
+def test_a_capture_in_another_context_than_the_callers_is_caught(monkeypatch):
+    """The mutants' bug: a capture that ignores the caller's default dtype differs from eager in the held context."""
+    _toy_lifecycle(monkeypatch)
+
+    @settings(max_examples=60, database=None, derandomize=True, deadline=None)
+    @given(st.data())
+    def body(data):
+        checker = Checker("toy")
+        captured = checker.construct(lambda: torch.float32, modules=())  # captured in float32, whatever is set
+        checker.call(lambda: torch.ones(2, dtype=captured), lambda: torch.ones(2), exact=True)
+
+    with pytest.raises(MismatchError, match="caller context"):
+        body()
+
+
+def test_threads_started_in_an_example_serve_in_its_held_context(monkeypatch):
+    from harness.oracle.concurrency import run_in_threads
+
+    _toy_lifecycle(monkeypatch)
+    monkeypatch.setattr(_contexts, "caller_contexts",
+                        lambda component, **_: st.just({"torch.is_autocast_enabled('cpu')": True}))
+
+    @settings(max_examples=1, database=None, deadline=None)
+    @given(st.data())
+    def body(data):
+        _contexts.example_caller_context("toy")
+        assert run_in_threads([lambda: torch.is_autocast_enabled("cpu")] * 2) == [True, True]
+
+    body()
+    assert not torch.is_autocast_enabled("cpu")
+
+
+def test_cache_keys_follow_the_held_context(monkeypatch):
+    _toy_lifecycle(monkeypatch)
+    keys: set[str] = set()
+
+    @settings(max_examples=30, database=None, derandomize=True, deadline=None)
+    @given(st.data())
+    def body(data):
+        key = _contexts.context_key("toy")
+        assert key == _contexts.described(_contexts.example_caller_context("toy", enter=False))
+        keys.add(key)
+
+    body()
+    assert "" in keys and len(keys) > 1, "one key with no context, others per context"
+
+
+def test_autocast_dtypes_torch_autocast_refuses_are_not_drawn():
+    assert not _contexts._autocast_takes("torch.get_autocast_dtype('cpu')", torch.float64)
+    assert _contexts._autocast_takes("torch.get_autocast_dtype('cpu')", torch.float16)
+    assert torch.float64 not in _contexts.settable()["torch.get_autocast_dtype('cpu')"][1]
+
+
+def test_engine_configurations_set_every_settable_setting_once_and_are_what_a_dear_component_draws(monkeypatch):
+    configurations = _contexts.engine_configurations("runner", 3)
+    assert len(configurations) == 3
+    names = [name for configuration in configurations for name in configuration]
+    assert len(names) == len(set(names)), "each setting in one configuration"
+    settable = _contexts.settable()
+    left_out = set(settable) - set(names)
+    assert len(left_out) <= 1, f"settings no configuration takes: {sorted(left_out)}"
+    for configuration in configurations:
+        assert _contexts._consistent(configuration)
+        for name, value in configuration.items():
+            assert value in settable[name][1]
+    monkeypatch.setitem(_contexts.CONFIGURATIONS, "toy", 2)
+    _toy_lifecycle(monkeypatch)
+    drawn: list[dict] = []
+
+    @settings(max_examples=40, database=None, derandomize=True, deadline=None)
+    @given(st.data())
+    def body(data):
+        drawn.append(_contexts.example_caller_context("toy"))
+
+    body()
+    allowed = [{}, *_contexts.engine_configurations("toy", 2)]
+    assert all(context in allowed for context in drawn)
+    assert {} in drawn and any(drawn), "none, and a configuration"

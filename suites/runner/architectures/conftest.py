@@ -12,7 +12,7 @@ import torch
 
 from harness.models.transformers_adapter import TransformersAdapter
 from harness.models.transformers_zoo import architecture, build_architecture
-from harness.oracle import Checker
+from harness.oracle import Checker, context_key
 from harness.plugin.failures import failure_context
 from harness.runner.matrices import discovery_matrix
 
@@ -42,17 +42,18 @@ def architecture_runner(runner_factory: Any, graph_capturer: Any, device: torch.
     model as it was (:meth:`harness.oracle.Checker.construct`)."""
     factory, capturer = runner_factory, graph_capturer
     checker = Checker("runner", context=lambda **details: failure_context(request, **details))
-    cache: dict[tuple[str, bool], tuple[Any, Any]] = {}
+    cache: dict[tuple[str, bool, str], tuple[Any, Any]] = {}
 
     def get(name: str, *, requires_grad: bool = False) -> tuple[Any, Any]:
-        if (name, requires_grad) not in cache:
+        key = (name, requires_grad, context_key("runner"))  # one runner per caller's context (context_key)
+        if key not in cache:
             model = build_architecture(name, seed=SEED, device=device)
             model.requires_grad_(requires_grad)
             adapter = TransformersAdapter(model, layout=architecture(name).layout)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                cache[name, requires_grad] = adapter, checker.construct(
+                cache[key] = adapter, checker.construct(
                     lambda: factory(adapter, buckets=BUCKETS, graphs=capturer), modules=[adapter], model=name)
-        return cache[name, requires_grad]
+        return cache[key]
 
     return get

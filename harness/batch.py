@@ -222,11 +222,10 @@ class ForwardBatch:
         def pad(tensor: torch.Tensor) -> torch.Tensor:
             if not extra:
                 return tensor
-            # A copy into zeros, not torch.cat: cat is one of autocast's promoting ops, and under a caller's CPU
-            # autocast to float16 it refuses bfloat16 rows, where the eager model it stands in for ran.
-            padded = tensor.new_zeros((num_tokens, *tensor.shape[1:]))
-            padded[:current].copy_(tensor)
-            return padded
+            # Autocast off: padding is a copy, and cat is one of autocast's promoting ops (under a caller's CPU
+            # autocast to float16 it refuses bfloat16 rows, where the eager model the batch is for runs).
+            with torch.autocast(tensor.device.type, enabled=False):
+                return torch.cat([tensor, tensor.new_zeros((extra, *tensor.shape[1:]))])
 
         return dataclasses.replace(
             self, input_ids=pad(self.input_ids), positions=pad(self.positions),

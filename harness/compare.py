@@ -15,7 +15,7 @@ import torch
 from harness import observations
 from harness.errors import MismatchError
 
-__all__ = ["Tolerance", "TOLERANCES", "tolerance_for", "bitwise_expected", "assert_equivalent", "equivalent",
+__all__ = ["Tolerance", "TOLERANCES", "ComputeSettings", "tolerance_for", "bitwise_expected", "assert_equivalent", "equivalent",
            "describe_mismatch", "format_context"]
 
 
@@ -29,8 +29,10 @@ class Tolerance:
 # The one tolerance table. Comparisons that are copies (gathers, writebacks, replays of the same
 # kernels on the emulated backend) are bitwise and never consult it. It applies where a replayed
 # graph may legitimately pick other kernels or reduction orders than eager (CUDA graphs capture
-# cuBLAS workspaces and split-K choices of their own; TF32 stays off in the suites).
-TOLERANCES: dict[torch.dtype, Tolerance] = {
+# cuBLAS workspaces and split-K choices of their own). Keyed by dtype, and by "tf32", the precision
+# float32 matmuls compute in under torch.set_float32_matmul_precision("high"): a caller's context may
+# lower the precision values are computed in below their dtype (ComputeSettings).
+TOLERANCES: dict[torch.dtype | str, Tolerance] = {
     torch.float64: Tolerance(1e-7, 1e-7, "float64 references: only summation order differs"),
     torch.float32: Tolerance(
         1e-5, 1e-5,
@@ -45,12 +47,60 @@ TOLERANCES: dict[torch.dtype, Tolerance] = {
         1e-3, 1e-3,
         "fp16 keeps 11 mantissa bits (eps 9.8e-4); reordered accumulation moves values by about 1 ulp",
     ),
+    "tf32": Tolerance(
+        5e-3, 5e-3,
+        "float32 matmuls in TF32 (float32_matmul_precision 'high') round each product to 10 mantissa bits "
+        "(eps 9.8e-4); a replay's GEMM at the bucket's shape and eager's at the batch's round differently, "
+        "through every layer",
+    ),
 }
 
 
-def tolerance_for(dtype: torch.dtype) -> Tolerance:
-    """Tolerance for floating dtypes; integer, bool and float8 values are compared exactly."""
-    return TOLERANCES.get(dtype, Tolerance(0.0, 0.0, "exact: integer, bool or float8 values"))
+@dataclasses.dataclass(frozen=True)
+class ComputeSettings:
+    """The settings of a caller's context that lower the precision values are computed in below their dtype:
+    float32 matmul precision, and autocast per device type (``{device type: dtype}`` where it is on)."""
+
+    matmul_precision: str = "highest"
+    autocast: tuple[tuple[str, torch.dtype], ...] = ()
+
+    @classmethod
+    def now(cls) -> ComputeSettings:
+        """The settings in force in this thread now."""
+        on = []
+        for device_type in ("cpu", "cuda"):
+            try:
+                if torch.is_autocast_enabled(device_type):
+                    on.append((device_type, torch.get_autocast_dtype(device_type)))
+            except RuntimeError:  # a device type this torch cannot autocast
+                continue
+        return cls(torch.get_float32_matmul_precision(), tuple(on))
+
+    def computed_in(self, dtype: torch.dtype, device_type: str) -> list[torch.dtype | str]:
+        """The table's keys for values of ``dtype`` on ``device_type`` under these settings: the dtype, and each
+        lower precision the settings let their computation use."""
+        keys: list[torch.dtype | str] = [dtype]
+        if dtype == torch.float32 and self.matmul_precision != "highest":
+            keys.append("tf32" if self.matmul_precision == "high" else torch.bfloat16)
+        if dtype in (torch.float32, torch.float16, torch.bfloat16):
+            keys += [lower for kind, lower in self.autocast if kind == device_type]
+        return keys
+
+
+def tolerance_for(dtype: torch.dtype, *, device_type: str = "cpu", settings: ComputeSettings | None = None) -> Tolerance:
+    """Tolerance for floating dtypes, the loosest of the precisions ``settings`` (default: none lowered) let their
+    computation use; integer, bool and float8 values are compared exactly."""
+    keys = (settings or ComputeSettings()).computed_in(dtype, device_type)
+    found = [(key, TOLERANCES[key]) for key in keys if key in TOLERANCES]
+    if not found:
+        return Tolerance(0.0, 0.0, "exact: integer, bool or float8 values")
+    if len(found) == 1:
+        return found[0][1]
+    rtol = max(tol.rtol for _, tol in found)
+    atol = max(tol.atol for _, tol in found)
+    lowered = ", ".join(str(key).removeprefix("torch.") for key, _ in found[1:])
+    return Tolerance(rtol, atol, f"{str(dtype).removeprefix('torch.')} computed in {lowered} under the caller's "
+                                 f"context: the loosest of their rows ({'; '.join(tol.why for _, tol in found)})")
 
 
 def bitwise_expected(*, backend: str, device: torch.device | str, dtype: torch.dtype) -> bool:
@@ -77,8 +127,11 @@ def format_context(context: Mapping[str, Any] | None) -> str:
     return "".join(f"\n  {key}: {value}" for key, value in context.items())
 
 
-def describe_mismatch(actual: torch.Tensor, expected: torch.Tensor, *, exact: bool, where: str = "") -> str | None:
-    """Return a message describing how ``actual`` differs from ``expected``, or None when they agree."""
+def describe_mismatch(actual: torch.Tensor, expected: torch.Tensor, *, exact: bool, where: str = "",
+                      settings: ComputeSettings | None = None) -> str | None:
+    """Return a message describing how ``actual`` differs from ``expected``, or None when they agree; ``settings``
+    are the compute settings the values were made under (default: those in force now)."""
+    settings = ComputeSettings.now() if settings is None else settings
     label = f" at {where}" if where else ""
     if not isinstance(actual, torch.Tensor):
         return f"expected a tensor{label}, got {type(actual).__name__}"
@@ -103,7 +156,7 @@ def describe_mismatch(actual: torch.Tensor, expected: torch.Tensor, *, exact: bo
         rtol = atol = 0.0
         mode = "bitwise"
     else:
-        tol = tolerance_for(expected.dtype)
+        tol = tolerance_for(expected.dtype, device_type=expected.device.type, settings=settings)
         rtol, atol = tol.rtol, tol.atol
         close = torch.isclose(actual_cpu, expected_cpu, rtol=rtol, atol=atol, equal_nan=True)
         mismatch = ~close
@@ -111,7 +164,7 @@ def describe_mismatch(actual: torch.Tensor, expected: torch.Tensor, *, exact: bo
     count = int(mismatch.sum())
     if count == 0:
         if mode != "bitwise":  # how close passing results come to the tolerance (a failure reports itself)
-            _observe(actual_cpu, expected_cpu, tolerance_for(expected.dtype))
+            _observe(actual_cpu, expected_cpu, tol)
         return None
     total = mismatch.numel()
     if actual_cpu.dtype == torch.bool:
@@ -142,9 +195,10 @@ def _observe(actual: torch.Tensor, expected: torch.Tensor, tol: Tolerance) -> No
                               tolerance_used=float((diff[finite] / allowed[finite]).max()))
 
 
-def _walk(actual: Any, expected: Any, *, exact: bool, where: str, problems: list[str]) -> None:
+def _walk(actual: Any, expected: Any, *, exact: bool, where: str, problems: list[str],
+          settings: ComputeSettings) -> None:
     if isinstance(expected, torch.Tensor):
-        message = describe_mismatch(actual, expected, exact=exact, where=where or "output")
+        message = describe_mismatch(actual, expected, exact=exact, where=where or "output", settings=settings)
         if message:
             problems.append(message)
     elif isinstance(expected, Mapping):
@@ -153,18 +207,19 @@ def _walk(actual: Any, expected: Any, *, exact: bool, where: str, problems: list
                             f"{sorted(map(str, expected))}")
             return
         for key in expected:
-            _walk(actual[key], expected[key], exact=exact, where=f"{where}[{key!r}]", problems=problems)
+            _walk(actual[key], expected[key], exact=exact, where=f"{where}[{key!r}]", problems=problems,
+                  settings=settings)
     elif isinstance(expected, (tuple, list)):
         if not isinstance(actual, (tuple, list)) or len(actual) != len(expected):
             problems.append(f"structure differs at {where or 'output'}: actual {_shape_of(actual)} vs expected "
                             f"{_shape_of(expected)}")
             return
         for i, (a, e) in enumerate(zip(actual, expected)):
-            _walk(a, e, exact=exact, where=f"{where}[{i}]", problems=problems)
+            _walk(a, e, exact=exact, where=f"{where}[{i}]", problems=problems, settings=settings)
     elif dataclasses.is_dataclass(expected) and not isinstance(expected, type):
         for field in dataclasses.fields(expected):
             _walk(getattr(actual, field.name, _MISSING), getattr(expected, field.name), exact=exact,
-                  where=f"{where}.{field.name}", problems=problems)
+                  where=f"{where}.{field.name}", problems=problems, settings=settings)
     elif actual is _MISSING or not _equal_leaves(actual, expected):
         problems.append(f"values differ at {where or 'output'}: actual {actual!r} vs expected {expected!r}")
 
@@ -191,24 +246,26 @@ def _shape_of(value: Any) -> str:
     return type(value).__name__
 
 
-def equivalent(actual: Any, expected: Any, *, exact: bool = False) -> bool:
+def equivalent(actual: Any, expected: Any, *, exact: bool = False, settings: ComputeSettings | None = None) -> bool:
     """Whether :func:`assert_equivalent` would pass: for choosing an oracle, never as a test's verdict."""
     problems: list[str] = []
-    _walk(actual, expected, exact=exact, where="", problems=problems)
+    _walk(actual, expected, exact=exact, where="", problems=problems, settings=settings or ComputeSettings.now())
     return not problems
 
 
-def assert_equivalent(actual: Any, expected: Any, *, exact: bool, context: Mapping[str, Any] | None = None) -> None:
+def assert_equivalent(actual: Any, expected: Any, *, exact: bool, context: Mapping[str, Any] | None = None,
+                      settings: ComputeSettings | None = None) -> None:
     """Assert that ``actual`` matches ``expected`` leaf by leaf.
 
     ``exact=True`` compares bits (use it for copies and order-preserving computations);
-    ``exact=False`` uses :data:`TOLERANCES` for floating dtypes and exact equality for the rest.
+    ``exact=False`` uses :data:`TOLERANCES` for floating dtypes, at the precision ``settings`` (default: those in
+    force now) let the values be computed in, and exact equality for the rest.
     ``context`` is appended to the failure message: put the implementation, the seed, the
     shapes and a reproducing command there.
     """
     __tracebackhide__ = True  # a failure shows the harness's report, not this function's insides
     problems: list[str] = []
-    _walk(actual, expected, exact=exact, where="", problems=problems)
+    _walk(actual, expected, exact=exact, where="", problems=problems, settings=settings or ComputeSettings.now())
     if problems:
         shown = problems[:5]
         more = f"\n  ... and {len(problems) - 5} more" if len(problems) > 5 else ""

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from harness.compare import TOLERANCES, assert_equivalent, tolerance_for
+from harness.compare import TOLERANCES, ComputeSettings, assert_equivalent, tolerance_for
 from harness.errors import MismatchError
 
 
@@ -36,7 +36,7 @@ def test_bitwise_distinguishes_signed_zero_and_tolerance_does_not():
     assert_equivalent(torch.tensor([-0.0]), torch.tensor([0.0]), exact=False)
 
 
-@pytest.mark.parametrize("dtype", sorted(TOLERANCES, key=str))
+@pytest.mark.parametrize("dtype", sorted((key for key in TOLERANCES if isinstance(key, torch.dtype)), key=str))
 def test_tolerance_accepts_within_and_rejects_beyond(dtype):
     tolerance = tolerance_for(dtype)
     expected = torch.ones(8, dtype=dtype)
@@ -77,3 +77,34 @@ def test_leaves_compared_element_wise_are_equal_only_where_every_element_is():
     assert_equivalent({"a": [np.array([1, 2])]}, {"a": [np.array([1, 2])]}, exact=True)
     with pytest.raises(MismatchError, match=r"values differ at \['a'\]\[0\]"):
         assert_equivalent({"a": [np.array([1, 3])]}, {"a": [np.array([1, 2])]}, exact=True)
+
+
+@pytest.mark.parametrize(("precision", "row"), [("high", "tf32"), ("medium", torch.bfloat16)])
+def test_float32_compared_at_the_matmul_precision_the_caller_set(precision, row):
+    """Under a lowered float32 matmul precision the values were computed in TF32 or bfloat16: their row's
+    tolerance applies, read from the settings in force (or those handed in), and the message says so."""
+    expected = torch.ones(8)
+    within = expected + TOLERANCES[row].atol / 2  # beyond float32's own tolerance
+    with pytest.raises(MismatchError, match="float32"):
+        assert_equivalent(within, expected, exact=False)
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(precision)
+    try:
+        assert_equivalent(within, expected, exact=False)
+        settings = ComputeSettings.now()
+    finally:
+        torch.set_float32_matmul_precision(before)
+    assert_equivalent(within, expected, exact=False, settings=settings)
+    with pytest.raises(MismatchError, match="computed in"):
+        assert_equivalent(expected + 0.5, expected, exact=False, settings=settings)
+    assert tolerance_for(torch.float64, settings=settings) == TOLERANCES[torch.float64], "float64 is never lowered"
+
+
+def test_autocast_on_the_values_device_type_lowers_their_tolerance_and_on_another_does_not():
+    expected = torch.ones(8)
+    within = expected + TOLERANCES[torch.bfloat16].atol / 2
+    on_cpu = ComputeSettings(autocast=(("cpu", torch.bfloat16),))
+    assert_equivalent(within, expected, exact=False, settings=on_cpu)
+    with pytest.raises(MismatchError):
+        assert_equivalent(within, expected, exact=False, settings=ComputeSettings(autocast=(("cuda", torch.bfloat16),)))
+    assert tolerance_for(torch.int64, settings=on_cpu).atol == 0

@@ -43,6 +43,23 @@ def _has_bool_index(args: tuple[Any, ...]) -> bool:
     return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices or ())
 
 
+def _private_generator(generator: Any) -> bool:
+    """Whether ``generator`` is one a program made itself: CUDA refuses to capture a draw from one ("Attempt to
+    increase offset for a CUDA generator not in capture mode") unless it was registered with the graph."""
+    if not isinstance(generator, torch.Generator):
+        return False
+    if generator.device.type == "cuda":
+        index = generator.device.index if generator.device.index is not None else torch.cuda.current_device()
+        default = torch.cuda.default_generators[index]
+    elif generator.device.type == "cpu":
+        default = torch.default_generator
+    else:
+        return False  # no default generator of this device type to tell it from
+    # By state, not identity: the dispatcher hands an op a new Python object for the default generator too. A
+    # generator of the program's own in the very state of the default one passes (a miss, never a false refusal).
+    return not torch.equal(generator.get_state(), default.get_state())
+
+
 def check_capturable(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     """Raise :class:`CaptureError` naming ``func`` when CUDA would refuse it during capture."""
     name = func.overloadpacket.__name__
@@ -53,6 +70,10 @@ def check_capturable(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -
         reason = "repeat_interleave without output_size has a data-dependent output shape"
     elif name in ("index", "index_put", "index_put_", "_index_put_impl_") and _has_bool_index(args):
         reason = "boolean-mask indexing has a data-dependent output shape (it calls nonzero)"
+    elif _private_generator(kwargs.get("generator")):
+        reason = ("it draws from a generator of the program's own, not the device's default one: a graph replays "
+                  "only the random streams it was told about (register the generator with the graph, "
+                  "torch.cuda.CUDAGraph.register_generator_state, or draw from the default generator)")
     elif name in ("_to_copy", "copy_", "to"):
         source = args[1] if name == "copy_" else args[0]
         target_device = args[0].device if name == "copy_" else kwargs.get("device")

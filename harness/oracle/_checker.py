@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from harness.compare import assert_equivalent, format_context
+from harness.compare import ComputeSettings, assert_equivalent, format_context
 from harness.errors import MismatchError
 from harness.oracle import _contexts, _facts, _resources, _state
 from harness.oracle._allowed import allowed
@@ -117,16 +117,18 @@ class Checker:
             torch.clear_autocast_cache()
             actual = candidate()
             after_candidate = _snapshot(modules, inputs)
+            settings = ComputeSettings.now()  # the precision both sides computed in, for the tolerance
         problems = []
         try:
-            assert_equivalent(actual, expected, exact=exact)
+            assert_equivalent(actual, expected, exact=exact, settings=settings)
         except MismatchError as mismatch:
             problems.append(f"values: {mismatch}")
         problems += self._kept_results_changed()
         problems += self._output_differences(actual, expected, inputs, eager_inputs if twin else inputs)
         problems += self._state_differences(start, after_eager, after_candidate, inputs=not twin)
         if twin:
-            problems += self._twin_differences(after_eager.inputs, after_candidate.inputs, exact=exact)
+            problems += self._twin_differences(after_eager.inputs, after_candidate.inputs, exact=exact,
+                                               settings=settings)
         self._keep(actual)
         self._raise(problems, self._details(mode=mode, **details))
         return actual
@@ -240,7 +242,8 @@ class Checker:
                                                  "other random numbers, or reseeded)"))
         return problems
 
-    def _twin_differences(self, eager_end: dict[str, Any], candidate_end: dict[str, Any], *, exact: bool) -> list[str]:
+    def _twin_differences(self, eager_end: dict[str, Any], candidate_end: dict[str, Any], *, exact: bool,
+                          settings: ComputeSettings) -> list[str]:
         """Where the candidate's inputs end other than eager's twin inputs end (``call`` with ``eager_inputs``)."""
         problems = []
         if eager_end.keys() != candidate_end.keys():
@@ -254,7 +257,8 @@ class Checker:
                                                           f"{[eager_end[n] for n in changed]}"))
         values = [name for name in eager_end if name.endswith(" values")]
         try:
-            assert_equivalent({n: candidate_end[n] for n in values}, {n: eager_end[n] for n in values}, exact=exact)
+            assert_equivalent({n: candidate_end[n] for n in values}, {n: eager_end[n] for n in values}, exact=exact,
+                              settings=settings)
         except MismatchError as mismatch:
             problems.append(self._differs("input values", f"an input ends other than its eager twin ends: {mismatch}"))
         return problems

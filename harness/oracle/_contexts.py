@@ -19,7 +19,8 @@ from typing import Any
 import torch
 from hypothesis import strategies as st
 
-from harness.oracle import _globals
+from harness.errors import HarnessError
+from harness.oracle import _globals, _state
 from harness.oracle._allowed import NOT_DRAWN, allowed
 
 __all__ = ["settable", "caller_contexts", "caller_context_applied", "drawn_caller_context", "described",
@@ -64,17 +65,24 @@ def _autocast_takes(name: str, value: Any) -> bool:
 
 
 def _takes(setting: _globals.Setting, value: Any) -> bool:
-    """Whether torch takes ``value`` for ``setting`` and reads it back (the setting is put back either way)."""
+    """Whether torch takes ``value`` for ``setting``, reads it back, and, once the setting is put back, reads every
+    setting as before: a write whose write-back leaves another setting moved (a precision that also flips a
+    backend's flag) is no context a caller can leave, and drawing it would carry one example's context into the
+    next. The setting is put back either way."""
     assert setting.write is not None
+    found = _globals.settings()
+    everything = _globals.read(found)
     before = setting.read()
     try:
         setting.write(value)
-        return bool(setting.read() == value)
+        if not bool(setting.read() == value):
+            return False
     except Exception:  # refused (a setting torch allows once, a value it does not know): not a context here
         return False
     finally:
         with contextlib.suppress(Exception):
             setting.write(before)
+    return not _state.changes(everything, _globals.read(found))
 
 
 @functools.cache
@@ -201,6 +209,8 @@ def example_caller_context(component: str, *, enter: bool = True) -> dict[str, A
         return entered.get(component, {})
     context = build.data.draw(st.data()).draw(held_contexts(component),
                                               label=f"caller context ({component}, from capture to last replay)")
+    found = tuple(settable()[name][0] for name in context)
+    before = _globals.read(found)
     applied = caller_context_applied(context)
     applied.__enter__()
     _ENTERED.setdefault(id(build), {})[component] = context
@@ -210,6 +220,15 @@ def example_caller_context(component: str, *, enter: bool = True) -> dict[str, A
         if not _ENTERED.get(id(build), True):
             del _ENTERED[id(build)]
         applied.__exit__(None, None, None)
+        # Loud, not silent: a setting the context did not put back would reach every later example, whose eager
+        # and runner (built before) would then run in different contexts. (Settings whose write-back moves
+        # another setting are not drawn at all: _takes.)
+        after = _globals.read(found)
+        left = _state.changes(before, after)
+        if left:
+            raise HarnessError(f"the caller's context {described(context)} of {component} was not put back at the "
+                               f"example's end: " + ", ".join(f"{name} {before.get(name)!r} -> {after.get(name)!r}"
+                                                              for name in left))
 
     cleanup(leave)
     return context

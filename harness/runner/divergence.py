@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from harness.batch import ForwardBatch
-from harness.compare import tolerance_for
+from harness.compare import ComputeSettings, tolerance_for
 from harness.errors import MismatchError
 from harness.runner.discovery import layer_list
 
@@ -95,11 +95,13 @@ def localise(runner: Any, model: nn.Module, batch: ForwardBatch) -> LayerDiverge
             + "; a runner that records per-layer outputs must record one per decoder layer in every bucket")
     diffs: list[float] = []
     first = None
-    atol = tolerance_for(replayed[0].dtype).atol if replayed else 0.0
+    settings = ComputeSettings.now()
+    atol = (tolerance_for(replayed[0].dtype, device_type=replayed[0].device.type, settings=settings).atol
+            if replayed else 0.0)
     for index, (actual, expected) in enumerate(zip(replayed, eager)):
         diff = float((actual.double() - expected.double()).abs().max()) if actual.numel() else 0.0
         diffs.append(diff)
-        tol = tolerance_for(actual.dtype)
+        tol = tolerance_for(actual.dtype, device_type=actual.device.type, settings=settings)
         if not torch.allclose(actual, expected, rtol=tol.rtol, atol=tol.atol):
             first = index
             break

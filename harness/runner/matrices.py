@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from harness.batch import ForwardBatch
-from harness.compare import tolerance_for
+from harness.compare import ComputeSettings, tolerance_for
 from harness.errors import CaptureError
 from harness.models.transformers_adapter import TransformersAdapter
 from harness.models.transformers_zoo import (
@@ -151,7 +151,7 @@ def _capture_cell(adapter: TransformersAdapter, rule: DiscoveryRule, *, graphs: 
                 "replay_matches_eager": False}
     with torch.no_grad():
         expected = adapter(batch.input_ids, batch.positions, batch).next_token_logits
-    tol = tolerance_for(expected.dtype)
+    tol = tolerance_for(expected.dtype, device_type=expected.device.type, settings=ComputeSettings.now())
     cell["max_abs_diff"] = float((actual.double() - expected.double()).abs().max())
     cell["replay_matches_eager"] = bool(torch.allclose(actual, expected, rtol=tol.rtol, atol=tol.atol))
     return cell

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from harness.compare import assert_equivalent
-from harness.errors import GraphHazardError
+from harness.errors import CaptureError, GraphHazardError
 
 pytestmark = pytest.mark.clause("frozen-capture")
 
@@ -38,12 +38,11 @@ def test_refilled_static_input_changes_the_result(graph_oracle, make_tensor):
     graph_oracle.replay(graph, program, inputs=[x], exact=True)
 
 
-# Ops whose keyword-only arguments change the result: alpha, an accumulation dtype, a rounding mode, a generator.
+# Ops whose keyword-only arguments change the result: alpha, an accumulation dtype, a rounding mode.
 KEYWORD_ONLY_ARGUMENT_OPS = {
     "add_alpha": lambda x, g: torch.add(x, x.flip(0), alpha=3),
     "sum_dtype": lambda x, g: x.sum(0, dtype=torch.float64).float() + x,
     "div_rounding_mode": lambda x, g: torch.div(x * 7, 2, rounding_mode="floor"),
-    "rand_generator": lambda x, g: x + torch.rand(x.shape, generator=g, device=x.device),
 }
 
 
@@ -58,6 +57,16 @@ def test_keyword_only_arguments_replay(graph_oracle, make_tensor, op):
         x.copy_(make_tensor(4, 3, seed=seed))
         twin.set_state(generator.get_state())
         graph_oracle.replay(graph, lambda: KEYWORD_ONLY_ARGUMENT_OPS[op](x, twin), inputs=[x], exact=True, op=op)
+
+
+def test_a_draw_from_a_generator_of_the_programs_own_is_refused_at_capture(graph_oracle, make_tensor):
+    """CUDA refuses to capture a draw from a generator the graph was not told about (only the default generator's
+    stream is replayed); every backend refuses it at capture, naming the generator, not at a later replay."""
+    x = make_tensor(4, 3, seed=6)
+    generator = torch.Generator(device=x.device)
+    generator.manual_seed(5)
+    graph_oracle.capture_fails(lambda: x + torch.rand(x.shape, generator=generator, device=x.device),
+                               (CaptureError, RuntimeError), match="generator")
 
 
 def test_fresh_tensor_handed_in_after_capture_is_ignored(graph_oracle, make_tensor):

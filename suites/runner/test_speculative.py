@@ -17,7 +17,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harness.compare import TOLERANCES, assert_equivalent
+from harness.compare import ComputeSettings, assert_equivalent, tolerance_for
 from harness.gather import SpecExtrasRelay, eager_gather
 from harness.models import build_model
 from harness.oracle import CALLING_MODES
@@ -65,7 +65,7 @@ def _relay_buffers(relay: SpecExtrasRelay) -> dict:
 
 def _assert_near_argmax(chosen, logits: torch.Tensor, context: dict, what: str) -> None:
     """Teacher forcing: the runner's choices must be argmaxes of the eager logits within tolerance."""
-    tolerance = TOLERANCES[torch.float32]
+    tolerance = tolerance_for(torch.float32, device_type=logits.device.type, settings=ComputeSettings.now())
     picked = logits.gather(1, torch.tensor(chosen, device=logits.device)[:, None]).flatten()
     best = logits.max(dim=-1).values
     gap = best - picked
@@ -137,7 +137,8 @@ def test_speculative_loop_matches_the_eager_twin(zoo_runner, twin, draft_head, g
             # Top-k ids may swap only between near-equal probabilities.
             swapped = candidate["topk_index"] != oracle["topk_index"]
             gap = (candidate["topk_p"] - oracle["topk_p"]).abs()[swapped]
-            assert bool((gap <= TOLERANCES[torch.float32].atol * 10).all()), f"step {step}: top-k ids differ: {context}"
+            atol = tolerance_for(torch.float32, device_type=gap.device.type, settings=ComputeSettings.now()).atol
+            assert bool((gap <= atol * 10).all()), f"step {step}: top-k ids differ: {context}"
         assert ran.relay.pending_slots() == followed.relay.pending_slots(), f"step {step}: pending slots: {context}"
     assert ran.tokens == followed.tokens, f"token streams differ: {ran.tokens} vs {followed.tokens}"
     assert ran.relay.pending_slots() == [], (

@@ -7,7 +7,7 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from harness.errors import MismatchError
+from harness.errors import HarnessError, MismatchError
 from harness.oracle import ALLOWED, Checker, _contexts, _globals
 from harness.oracle._allowed import NOT_DRAWN
 
@@ -226,3 +226,29 @@ def test_engine_configurations_set_every_settable_setting_once_and_are_what_a_de
     allowed = [{}, *_contexts.engine_configurations("toy", 2)]
     assert all(context in allowed for context in drawn)
     assert {} in drawn and any(drawn), "none, and a configuration"
+
+
+def test_a_held_context_torch_does_not_put_back_fails_the_example_loudly(monkeypatch):
+    """Positive control of the leak check: a setting whose setter cannot set it back (a one-way switch) would carry
+    an example's context into every later one; the example's end says so, naming the setting."""
+    state = {"on": False}
+    monkeypatch.setattr(torch, "is_sticky_mode_enabled", lambda: state["on"], raising=False)
+    monkeypatch.setattr(torch, "set_sticky_mode_enabled", lambda on: state.update(on=state["on"] or on), raising=False)
+    _globals._discovered.cache_clear()
+    _contexts.settable.cache_clear()
+    _toy_lifecycle(monkeypatch)
+    monkeypatch.setattr(_contexts, "held_contexts", lambda component: st.just({"torch.is_sticky_mode_enabled": True}))
+    try:
+        @settings(max_examples=1, database=None, derandomize=True, deadline=None)
+        @given(st.data())
+        def body(data):
+            state["on"] = False  # as a fresh process would have it: each run of the example leaks anew
+            data.draw(st.integers(0, 3))  # an example of no choices at all would replay as an explicit one
+            _contexts.example_caller_context("toy")
+
+        with pytest.raises(HarnessError, match=r"not put back.*torch\.is_sticky_mode_enabled False -> True"):
+            body()
+    finally:
+        monkeypatch.undo()
+        _globals._discovered.cache_clear()
+        _contexts.settable.cache_clear()

@@ -15,8 +15,8 @@ import torch
 from harness import observations
 from harness.errors import MismatchError
 
-__all__ = ["Tolerance", "TOLERANCES", "ComputeSettings", "tolerance_for", "bitwise_expected", "assert_equivalent", "equivalent",
-           "describe_mismatch", "format_context"]
+__all__ = ["Tolerance", "TOLERANCES", "ComputeSettings", "tolerance_for", "bitwise_expected", "assert_equivalent",
+           "equivalent", "describe_mismatch", "format_context"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,7 +87,8 @@ class ComputeSettings:
         return keys
 
 
-def tolerance_for(dtype: torch.dtype, *, device_type: str = "cpu", settings: ComputeSettings | None = None) -> Tolerance:
+def tolerance_for(dtype: torch.dtype, *, device_type: str = "cpu",
+                  settings: ComputeSettings | None = None) -> Tolerance:
     """Tolerance for floating dtypes, the loosest of the precisions ``settings`` (default: none lowered) let their
     computation use; integer, bool and float8 values are compared exactly."""
     keys = (settings or ComputeSettings()).computed_in(dtype, device_type)

@@ -24,8 +24,8 @@ from harness.oracle import _globals, _state
 from harness.oracle._allowed import NOT_DRAWN, allowed
 
 __all__ = ["settable", "caller_contexts", "caller_context_applied", "drawn_caller_context", "described",
-           "STRING_VALUES", "ENGINE_SETTINGS", "CONFIGURATIONS", "engine_configurations", "held_contexts", "spans_lifecycle", "example_caller_context", "context_key",
-           "entered_contexts"]
+           "STRING_VALUES", "ENGINE_SETTINGS", "CONFIGURATIONS", "engine_configurations", "held_contexts",
+           "spans_lifecycle", "example_caller_context", "context_key", "entered_contexts"]
 
 # The values of string settings torch accepts but does not list anywhere a program can read.
 STRING_VALUES: dict[str, tuple[str, ...]] = {

@@ -103,8 +103,14 @@ def test_the_bench_step_runs_every_runner_variant_against_the_baseline_of_the_gp
     assert sorted(driver.VARIANTS) == RUNNER_VARIANTS == ["EagerFallbackRunner", "HostSlowedRunner", "SlowedRunner"]
     script = (ROOT / ".ci" / "gpu" / "run").read_text()
     step = re.search(r"^command\[bench\]='(.*?)'$", script, re.MULTILINE | re.DOTALL)[1]
-    assert re.search(r'"\$py" \.ci/gpu/bench-variants "\$out" -- --quick .*--baseline "\$base-runner\.json"', step,
+    # the correct runner and the variants are gated against one baseline: the committed file of the class, or the
+    # same-host measurement of the commit that recorded it
+    assert re.search(r'runner_baseline=\$base-runner\.json;', step), step
+    assert re.search(r'bench runner --quick .*--baseline "\$runner_baseline" &&', step, re.DOTALL), step
+    assert re.search(r'"\$py" \.ci/gpu/bench-variants "\$out" -- --quick .*--baseline "\$runner_baseline"', step,
                      re.DOTALL), step
+    assert re.search(r'git log -1 --format=%H -- "\$base-runner\.json"', step), step
+    assert re.search(r'--record-baseline "\$here/same-host-runner\.json"', step), step
     # each class the step recognises has both baselines committed
     classes = re.findall(r"\*(H\d+)\*\) class=(h\d+) ;;", step)
     assert classes, step

@@ -229,20 +229,32 @@ def test_engine_configurations_set_every_settable_setting_once_and_are_what_a_de
 
 
 def test_a_held_context_torch_does_not_put_back_fails_the_example_loudly(monkeypatch):
-    """Positive control of the leak check: a setting whose setter cannot set it back (a one-way switch) would carry
-    an example's context into every later one; the example's end says so, naming the setting."""
-    state = {"on": False}
+    """Positive controls of the leak checks: a one-way setting (its setter cannot set it back) is never drawn; one
+    that turns one-way only later, inside an example, would carry that example's context into every later one, and
+    the example's end says so, naming the setting."""
+    state = {"on": False, "one_way": True}
+
+    def write(on: bool) -> None:
+        if on or not state["one_way"]:
+            state["on"] = on
+
     monkeypatch.setattr(torch, "is_sticky_mode_enabled", lambda: state["on"], raising=False)
-    monkeypatch.setattr(torch, "set_sticky_mode_enabled", lambda on: state.update(on=state["on"] or on), raising=False)
+    monkeypatch.setattr(torch, "set_sticky_mode_enabled", write, raising=False)
     _globals._discovered.cache_clear()
     _contexts.settable.cache_clear()
-    _toy_lifecycle(monkeypatch)
-    monkeypatch.setattr(_contexts, "held_contexts", lambda component: st.just({"torch.is_sticky_mode_enabled": True}))
     try:
+        assert "torch.is_sticky_mode_enabled" not in _contexts.settable(), "a setting torch cannot set back is drawn"
+        state.update(on=False, one_way=False)
+        _contexts.settable.cache_clear()
+        assert "torch.is_sticky_mode_enabled" in _contexts.settable()
+        _toy_lifecycle(monkeypatch)
+        monkeypatch.setattr(_contexts, "held_contexts",
+                            lambda component: st.just({"torch.is_sticky_mode_enabled": True}))
+
         @settings(max_examples=1, database=None, derandomize=True, deadline=None)
         @given(st.data())
         def body(data):
-            state["on"] = False  # as a fresh process would have it: each run of the example leaks anew
+            state.update(on=False, one_way=True)  # it turns one-way now; each run of the example leaks anew
             data.draw(st.integers(0, 3))  # an example of no choices at all would replay as an explicit one
             _contexts.example_caller_context("toy")
 

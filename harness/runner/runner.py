@@ -196,7 +196,11 @@ _SCALARS = (bool, int, float, complex, str, bytes, enum.Enum)
 def _same_scalar(static: Any, live: Any) -> bool:
     if type(static) is not type(live):
         return False
-    return static == live or (static != static and live != live)  # NaN is the same NaN
+    if isinstance(static, (float, complex)):
+        # By the value's text, which round-trips a float exactly: NaN is the same NaN, and -0.0 is not 0.0 (equal by
+        # ==, yet 1 / -0.0 is -inf where the graph froze +inf).
+        return repr(static) == repr(live)
+    return static == live
 
 
 def map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:

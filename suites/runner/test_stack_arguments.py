@@ -14,6 +14,9 @@ engines do:
   them) and a tensor when the batch carries image embeddings.
 * ``draft-step``: a Python ``int`` keyword that picks how many layers run (an MTP draft step index, set on
   the model between calls).
+* ``float-scale``: a Python ``float`` keyword the stack multiplies by (a logit scale set between calls), drawn at
+  the float edges, NaN and infinities among them: a value other than the capture's (bit for bit: NaN is the same
+  NaN, -0.0 is not 0.0) must be refused, never replayed as the capture's.
 * ``aux-hidden``: the stack returns ``(hidden, [aux, ...])`` and the model hands out a dict with the
   auxiliary hidden states (EAGLE-3): every output structure is cut to the real tokens and copied.
 
@@ -119,6 +122,27 @@ class _DraftStepLM(CausalLM):
             return self.logits_processor(hidden, batch)
 
 
+class _ScaledStack(EngineModel):
+    def forward(self, input_ids, positions, batch, input_embeds=None, *, scale=1.0):
+        hidden = self.embed(input_ids, input_embeds)
+        for layer in self.decoder_layers:
+            hidden = layer(positions, hidden)
+        return self.norm(hidden) * scale
+
+
+class _FloatScaleLM(CausalLM):
+    scale = 1.0  # set between calls; the runner was built (and captured) at 1.0
+
+    def forward(self, input_ids, positions, batch, input_embeds=None):
+        with forward_context(batch):
+            return self.logits_processor(self.model(input_ids, positions, batch, input_embeds, scale=self.scale),
+                                         batch)
+
+
+# A float keyword's values: the capture's, another, both zeros, the infinities and NaN.
+SCALES = (1.0, 0.5, 0.0, -0.0, float("inf"), float("-inf"), float("nan"))
+
+
 class _AuxStack(EngineModel):
     def forward(self, input_ids, positions, batch, input_embeds=None):
         hidden = self.embed(input_ids, input_embeds)
@@ -142,6 +166,7 @@ MODELS = {
     "optional-embeds": lambda: _OptionalEmbedsLM(CONFIG),
     "draft-step": lambda: _DraftStepLM(CONFIG, _EarlyExitStack(CONFIG)),
     "aux-hidden": lambda: _AuxHiddenLM(CONFIG, _AuxStack(CONFIG)),
+    "float-scale": lambda: _FloatScaleLM(CONFIG, _ScaledStack(CONFIG)),
 }
 
 
@@ -187,12 +212,16 @@ def _call(draw: Any, name: str, model: torch.nn.Module, seed: int, device: torch
     if name == "draft-step":
         model.draft_step = draw(st.integers(0, CONFIG.num_layers - 1), label="draft step")
         return batch, model.draft_step == 0  # the runner was built (and captured) at draft step 0
+    if name == "float-scale":
+        model.scale = draw(st.sampled_from(SCALES), label="scale")
+        return batch, repr(model.scale) == repr(1.0)  # captured at 1.0; repr tells -0.0 from 0.0
     return batch, True
 
 
 # The models whose calls change something other than the stack's arguments (the module's clause): a value the
 # graph froze, or the structure of what the model hands out.
-CLAUSE_OF = {"optional-embeds": "frozen-arguments", "draft-step": "frozen-arguments", "aux-hidden": "outputs-owned"}
+CLAUSE_OF = {"optional-embeds": "frozen-arguments", "draft-step": "frozen-arguments", "float-scale": "frozen-arguments",
+             "aux-hidden": "outputs-owned"}
 
 
 @pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.clause(CLAUSE_OF[name]) if name in CLAUSE_OF
@@ -209,7 +238,8 @@ def test_every_argument_and_output_follows_the_live_call(argument_runners, check
             calling = data.draw(st.sampled_from(CALLING_MODES), label="calling mode")
             bucket = select_bucket(batch.num_tokens, BUCKETS)
             what = (f"call {step}: {batch.describe()}"
-                    + (f", draft step {model.draft_step}" if name == "draft-step" else ""))
+                    + (f", draft step {model.draft_step}" if name == "draft-step" else "")
+                    + (f", scale {model.scale!r}" if name == "float-scale" else ""))
             context = failure_context(model=name, seed=seed, call=what)
             replays = runner.stats.replays
             try:
@@ -231,3 +261,5 @@ def test_every_argument_and_output_follows_the_live_call(argument_runners, check
     finally:
         if name == "draft-step":
             model.draft_step = 0
+        if name == "float-scale":
+            model.scale = 1.0

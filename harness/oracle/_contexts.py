@@ -219,7 +219,20 @@ def example_caller_context(component: str, *, enter: bool = True) -> dict[str, A
         _ENTERED.get(id(build), {}).pop(component, None)
         if not _ENTERED.get(id(build), True):
             del _ENTERED[id(build)]
+        # A setting of the context that reads otherwise at the example's end was set inside the example by a block
+        # that ended since (entered before the context, left after it): putting back what the context found would
+        # then carry that block's value past the example.
+        held = _globals.read(found)
+        moved = [name for name in context if _state.changes({name: context[name]}, {name: held[name]})]
         applied.__exit__(None, None, None)
+        for name in moved:  # as the block that ended left it, not as the context found it inside that block
+            setting = settable()[name][0]
+            assert setting.write is not None
+            setting.write(held[name])
+        if moved:
+            raise HarnessError(f"the caller's context {described(context)} of {component} does not nest with a block "
+                               f"of the example: {', '.join(f'{name} reads {held[name]!r}' for name in moved)} at "
+                               "its end; enter the example's context (example_caller_context) before such a block")
         # Loud, not silent: a setting the context did not put back would reach every later example, whose eager
         # and runner (built before) would then run in different contexts. (Settings whose write-back moves
         # another setting are not drawn at all: _takes.)

@@ -15,7 +15,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 from harness.compare import assert_equivalent
 from harness.errors import CaptureError
 from harness.graphs import eager_on_graph, is_capturing
-from harness.oracle import CALLING_MODES
+from harness.oracle import CALLING_MODES, example_caller_context, process_state
 
 pytestmark = pytest.mark.clause("capture-rules")
 
@@ -146,10 +146,12 @@ def test_capture_inside_a_break_body_raises(graph_oracle, make_tensor):
 
 
 def _process_state(device: torch.device) -> dict[str, object]:
-    """The process-wide state a capture may change while it runs and must restore however it ends, beyond what the
-    checker compares with eager around every capture (grad and inference modes, the collector, the current stream,
-    ...): Dynamo's configuration, the dispatch-mode stack, the patched Tensor.tolist, the stream's capture status."""
+    """The process-wide state a capture may change while it runs and must restore however it ends: every setting
+    and mode the checker compares (:func:`harness.oracle.process_state`, found by introspection), and what only a
+    capture touches: Dynamo's configuration, the dispatch-mode stack, the patched Tensor.tolist, the stream's
+    capture status."""
     state: dict[str, object] = {
+        **process_state(),
         "dynamo config": torch._dynamo.config.get_config_copy(),
         "dispatch modes active": len(_get_current_dispatch_mode_stack()),
         "Tensor.tolist": torch.Tensor.tolist,
@@ -251,6 +253,9 @@ def test_successful_capture_restores_process_state(graph_oracle, make_tensor, de
         return h * 3
 
     program = lambda: attend(x + 1) - 1  # noqa: E731
+    # The example's held caller's context first, the drawn settings inside it: the two nest, and each is put back
+    # in its turn (entered inside, the held context would put back at the example's end the settings drawn here).
+    example_caller_context("graphs")
     with _process_settings(collector=collector, precision=precision, default_dtype=default_dtype):
         before = _process_state(device)
         graph = oracle.capture(program, mode=mode)

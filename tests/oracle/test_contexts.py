@@ -264,3 +264,27 @@ def test_a_held_context_torch_does_not_put_back_fails_the_example_loudly(monkeyp
         monkeypatch.undo()
         _globals._discovered.cache_clear()
         _contexts.settable.cache_clear()
+
+
+def test_a_held_context_entered_inside_a_block_setting_the_same_setting_fails_loudly_and_leaks_nothing(monkeypatch):
+    """Positive control: the block set the precision, the context was entered inside it, the block ended first. Put
+    back as the context found it, the block's value would outlive the example; the example fails, naming it, and the
+    precision is left as the block left it."""
+    _toy_lifecycle(monkeypatch)
+    monkeypatch.setattr(_contexts, "held_contexts",
+                        lambda component: st.just({"torch.get_float32_matmul_precision": "high"}))
+    outside = torch.get_float32_matmul_precision()
+
+    @settings(max_examples=1, database=None, derandomize=True, deadline=None)
+    @given(st.data())
+    def body(data):
+        data.draw(st.integers(0, 3))  # an example of no choices at all would replay as an explicit one
+        torch.set_float32_matmul_precision("medium")
+        try:
+            _contexts.example_caller_context("toy")
+        finally:
+            torch.set_float32_matmul_precision(outside)
+
+    with pytest.raises(HarnessError, match=r"does not nest.*get_float32_matmul_precision reads 'highest'"):
+        body()
+    assert torch.get_float32_matmul_precision() == outside

@@ -183,12 +183,13 @@ class _EmulatedSegment:
 
 
 def _call_site() -> str:
-    """The innermost frame outside torch and the harness's graph layer: the line that made the op."""
+    """The innermost frame outside torch, the harness's graph layer and a mutation tool's dispatcher (mutmut's
+    trampoline, in front of every mutated function): the line that made the op."""
     import traceback
 
     for frame in reversed(traceback.extract_stack()):
         path = frame.filename.replace("\\", "/")
-        if "/torch/" in path or "/harness/graphs/" in path or path.startswith("<"):
+        if "/torch/" in path or "/harness/graphs/" in path or "/mutmut/" in path or path.startswith("<"):
             continue
         path = path.split("site-packages/")[-1]  # transformers/models/...: the same on every machine
         return f"{path}:{frame.lineno} ({frame.name}: {(frame.line or '').strip()[:80]})"

@@ -147,7 +147,7 @@ def test_every_area_file_exists_and_belongs_to_one_area():
         for file in area.files:
             assert (root / file).is_file(), f"{area.name}: {file} does not exist"
             assert area_of_file(file) is area
-        assert all((root / suite).is_dir() for suite in area.suites)
+        assert all((root / suite).exists() for suite in area.suites), area.suites
     config = mutmut_config([AREAS["relay"]])
     assert 'only_mutate = ["harness/gather/relay.py"]' in config and '["suites/gather"]' in config
 
@@ -160,3 +160,14 @@ def test_the_committed_triage_files_are_well_formed():
             data = json.loads(path.read_text())
             assert data["files"] == list(area.files), f"{path}: files {data['files']}, the area has {area.files}"
             load_triage(path, area=area.name)
+
+
+def test_an_areas_test_file_outside_the_copied_folders_is_copied_with_its_conftest(tmp_path):
+    from harness.mutation.areas import Area
+    from harness.mutation.mutmut_tool import prepare_scratch
+
+    root = Path(__file__).resolve().parents[1]
+    scratch = tmp_path / "scratch"
+    prepare_scratch(root, scratch, [Area("toy", ("harness/graphs/_emulated.py",), ("tests/test_emulated_pool.py",))])
+    assert (scratch / "tests/test_emulated_pool.py").is_file() and (scratch / "tests/conftest.py").is_file()
+    assert not (scratch / "tests/test_mutation.py").exists(), "only the area's own test files"

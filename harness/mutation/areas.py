@@ -11,8 +11,8 @@ __all__ = ["Area", "AREAS", "area_of_file", "get_area"]
 
 @dataclasses.dataclass(frozen=True)
 class Area:
-    """A reference's modules (``files``, relative to the checkout) and the suite folders whose tests may kill
-    their mutants (mutmut runs, of those, only the tests that reach the mutated function)."""
+    """A reference's modules (``files``, relative to the checkout) and the suite folders (or test files) whose tests
+    may kill their mutants (mutmut runs, of those, only the tests that reach the mutated function)."""
 
     name: str
     files: tuple[str, ...]
@@ -30,7 +30,9 @@ AREAS: dict[str, Area] = {area.name: area for area in (
     Area("graphs", ("harness/graphs/_breakable.py", "harness/graphs/_seam.py"), ("suites/graphs",)),
     # The CPU backend that stands in for CUDA graphs: an area of its own, so that its score is not mixed with the
     # reference's (the GPU check judges it too, by the emulated-against-CUDA goldens).
-    Area("emulated", ("harness/graphs/_emulated.py",), ("suites/graphs",)),
+    # Its pool is exercised by the positive controls of tests/test_emulated_pool.py: the reference capturer keeps
+    # everything alive, so the suites alone never make a capture re-carve a freed block.
+    Area("emulated", ("harness/graphs/_emulated.py",), ("suites/graphs", "tests/test_emulated_pool.py")),
     Area("runner", ("harness/runner/runner.py", "harness/runner/discovery.py"), ("suites/runner",)),
 )}
 

@@ -57,8 +57,14 @@ def prepare_scratch(root: Path, scratch: Path, areas: Sequence[Area]) -> None:
     if scratch.exists():
         shutil.rmtree(scratch)
     scratch.mkdir(parents=True)
-    for name in COPIED:
+    # The areas' test paths outside the copied folders (the harness's own positive controls of a backend, under
+    # tests/), each with its folder's conftest.py.
+    extra = {path for area in areas for path in area.suites if Path(path).parts[0] not in COPIED}
+    extra |= {str(Path(path).parent / "conftest.py") for path in extra
+              if (root / path).parent.joinpath("conftest.py").exists()}
+    for name in (*COPIED, *sorted(extra)):
         source = root / name
+        (scratch / name).parent.mkdir(parents=True, exist_ok=True)
         if source.is_dir():
             shutil.copytree(source, scratch / name, ignore=_IGNORED)
         elif source.exists():

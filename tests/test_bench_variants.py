@@ -158,3 +158,76 @@ def test_the_variants_driver_says_each_was_caught_and_fails_when_one_was_not(mon
         assert "a crash (traceback in the log)" in lines[-1]
         assert "RuntimeError: the variant crashed" in (tmp_path / f"bench-{driver.VARIANTS[-1]}.log").read_text()
     assert runner_bench._SHARED_MODELS is None  # given back after the variants
+
+
+_FAKE_PYTHON = r'''#!/usr/bin/env bash
+# Stands in for the GPU machine's python in the bench step: names an H100, records every call (with its folder),
+# writes the file a --record-baseline names, and fails a call in the base tree where FAIL_BASE is set.
+echo "$PWD :: $*" >> "$CALLS"
+case "$*" in *get_device_name*) echo "NVIDIA H100 80GB HBM3"; exit 0 ;; esac
+if [ -n "${FAIL_BASE:-}" ] && [ "$PWD" != "$REPO" ]; then exit 1; fi
+previous=""
+for argument in "$@"; do
+  [ "$previous" = "--record-baseline" ] && echo '{}' > "$argument"
+  previous=$argument
+done
+exit 0
+'''
+
+
+def _run_bench_step(tmp_path, **env):
+    """The bench step's command, as .ci/gpu/run runs it (its lines joined), with a stand-in python; its calls."""
+    import os
+    import subprocess
+
+    script = (ROOT / ".ci" / "gpu" / "run").read_text()
+    step = re.search(r"^command\[bench\]='(.*?)'$", script, re.MULTILINE | re.DOTALL)[1]
+    fake = tmp_path / "python"
+    fake.write_text(_FAKE_PYTHON)
+    fake.chmod(0o755)
+    out, site, calls = tmp_path / "out", tmp_path / "site", tmp_path / "calls"
+    out.mkdir()
+    site.mkdir()
+    environment = {**os.environ, "py": str(fake), "out": str(out), "site": str(site), "CALLS": str(calls),
+                   "REPO": str(ROOT), **env}
+    completed = subprocess.run(["bash", "-c", step.replace("\n", " ")], cwd=ROOT, env=environment,
+                               capture_output=True, text=True, timeout=120)
+    return completed, calls.read_text().splitlines(), out
+
+
+def test_the_bench_step_measures_the_baseline_commit_on_this_host_and_gates_against_it(tmp_path):
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    completed, calls, out = _run_bench_step(tmp_path, BENCH_BASE_TREE=str(tree))
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    recorded = [call for call in calls if "--record-baseline" in call]
+    assert len(recorded) == 1 and recorded[0].startswith(f"{tree} :: -m harness bench runner --quick"), calls
+    assert f"--record-baseline {out}/same-host-runner.json" in recorded[0]
+    gated = [call for call in calls if call.startswith(f"{ROOT} ::") and "--baseline" in call]
+    assert len(gated) == 3, calls  # the runner, the gather, the variants
+    assert all(f"--baseline {out}/same-host-runner.json" in call for call in gated if "gather" not in call), gated
+    assert "gating against" in completed.stdout and "(same host)" in completed.stdout
+
+
+def test_the_bench_step_falls_back_to_the_committed_baseline_when_the_base_commit_fails(tmp_path):
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    completed, calls, out = _run_bench_step(tmp_path, BENCH_BASE_TREE=str(tree), FAIL_BASE="1")
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    gated = [call for call in calls if call.startswith(f"{ROOT} ::") and "bench runner" in call]
+    assert gated and "--baseline harness/bench/baselines/h100-runner.json" in gated[0], calls
+    assert "did not run here" in completed.stdout
+
+
+def test_the_bench_step_takes_the_baseline_commit_from_git_history(tmp_path):
+    import shutil
+    import subprocess
+
+    if shutil.which("git") is None or subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"],
+                                                     capture_output=True).returncode:
+        pytest.skip("not a git checkout: the step gates against the committed file there (the fallback test)")
+    completed, calls, out = _run_bench_step(tmp_path)
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    tree = tmp_path / "site" / "bench-base"
+    assert (tree / "harness" / "bench" / "baselines" / "h100-runner.json").is_file(), "the commit's tree, unpacked"
+    assert any(call.startswith(f"{tree} :: -m harness bench runner") for call in calls), calls

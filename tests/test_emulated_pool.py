@@ -53,3 +53,14 @@ def test_the_smallest_free_block_that_fits_is_recarved():
     later = capturer.capture(lambda: y * 3, pool=pool)
     earlier.replay()
     assert torch.equal(later.output, x[:4] * 5), "the 4-float block, the best fit, holds the later output"
+
+
+def test_a_one_byte_block_is_recarved_too():
+    # The smallest block a capture can free: one uint8 element.
+    capturer = GraphCapturer(EmulatedBackend())
+    pool = capturer.new_pool()
+    x, y = torch.tensor([3], dtype=torch.uint8), torch.tensor([10], dtype=torch.uint8)
+    earlier = capturer.capture(lambda: (x + 1).to(torch.int64), pool=pool)
+    later = capturer.capture(lambda: y * 2, pool=pool)
+    earlier.replay()
+    assert torch.equal(later.output, x + 1), "a freed one-byte block is not re-carved"

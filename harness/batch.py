@@ -220,18 +220,16 @@ class ForwardBatch:
         extra = num_tokens - current
 
         def pad(tensor: torch.Tensor) -> torch.Tensor:
-            if not extra:
-                return tensor
-            # Autocast off: padding is a copy, and cat is one of autocast's promoting ops (under a caller's CPU
-            # autocast to float16 it refuses bfloat16 rows, where the eager model the batch is for runs).
-            with torch.autocast(tensor.device.type, enabled=False):
-                return torch.cat([tensor, tensor.new_zeros((extra, *tensor.shape[1:]))])
+            return torch.cat([tensor, tensor.new_zeros((extra, *tensor.shape[1:]))]) if extra else tensor
 
-        return dataclasses.replace(
-            self, input_ids=pad(self.input_ids), positions=pad(self.positions),
-            side_inputs={k: pad(v) for k, v in self.side_inputs.items()}, num_padding=self.num_padding + extra,
-            kv=None if self.kv is None else self.kv.padded_to(num_tokens),
-        )
+        # Autocast off: padding is a copy, and cat is one of autocast's promoting ops (under a caller's CPU autocast
+        # to float16 it refuses bfloat16 rows, where the eager model the batch is for runs).
+        with torch.autocast(self.input_ids.device.type, enabled=False):
+            return dataclasses.replace(
+                self, input_ids=pad(self.input_ids), positions=pad(self.positions),
+                side_inputs={k: pad(v) for k, v in self.side_inputs.items()}, num_padding=self.num_padding + extra,
+                kv=None if self.kv is None else self.kv.padded_to(num_tokens),
+            )
 
     def padded_requests_to(self, num_requests: int) -> ForwardBatch:
         """This batch with padding requests (no tokens) appended up to ``num_requests`` requests: each starts

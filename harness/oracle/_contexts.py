@@ -223,12 +223,12 @@ def example_caller_context(component: str, *, enter: bool = True) -> dict[str, A
         # that ended since (entered before the context, left after it): putting back what the context found would
         # then carry that block's value past the example.
         held = _globals.read(found)
-        moved = [name for name in context if _state.changes({name: context[name]}, {name: held[name]})]
+        moved = _state.changes(context, held)
         applied.__exit__(None, None, None)
-        for name in moved:  # as the block that ended left it, not as the context found it inside that block
-            setting = settable()[name][0]
-            assert setting.write is not None
-            setting.write(held[name])
+        for setting in found:  # as the block that ended left it, not as the context found it inside that block
+            if setting.name in moved:
+                assert setting.write is not None
+                setting.write(held[setting.name])
         if moved:
             raise HarnessError(f"the caller's context {described(context)} of {component} does not nest with a block "
                                f"of the example: {', '.join(f'{name} reads {held[name]!r}' for name in moved)} at "

@@ -982,3 +982,26 @@ class CapturesInDefaults(GraphCapturer):
     def capture(self, fn: Callable[[], Any], *, pool: Any = None, warmup_runs: int = 1) -> BreakableGraph:
         with _torch_defaults():
             return super().capture(fn, pool=pool, warmup_runs=warmup_runs)
+
+
+class _UnjoinedBreakStreamGraph(BreakableGraph):
+    _side: Any = None
+
+    def replay_break(self, step: Break) -> None:
+        if isinstance(step, RaisedBreak) or not torch.cuda.is_available():
+            super().replay_break(step)
+            return
+        caller = torch.cuda.current_stream()
+        if self._side is None:
+            self._side = torch.cuda.Stream()
+        self._side.wait_stream(caller)
+        with torch.cuda.stream(self._side):
+            super().replay_break(step)
+        # the way back is forgotten: the next segment replays on the caller's stream at once
+
+
+@MUTANTS.add("break-on-unjoined-stream", backends={"cuda"}, bug="replay runs each eager break on a side stream "
+             "ordered after the caller's, and replays the next segment without waiting for it (vLLM #57759): the "
+             "segment reads the break's output buffer before the break has written it")
+class BreakOnUnjoinedStream(GraphCapturer):
+    graph_class = _UnjoinedBreakStreamGraph

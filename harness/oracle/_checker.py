@@ -12,6 +12,7 @@ import torch
 
 from harness.compare import ComputeSettings, assert_equivalent, format_context
 from harness.errors import MismatchError
+from harness.hazards import poison_free_memory
 from harness.oracle import _contexts, _facts, _resources, _state
 from harness.oracle._allowed import allowed
 
@@ -111,10 +112,14 @@ class Checker:
             # whose exit empties autocast's cast cache: a cast cached by an earlier call (weights since written in
             # place) must not serve this one, on either side.
             torch.clear_autocast_cache()
+            # Memory nobody owns holds NaN bytes when each side starts (harness.hazards; on CUDA): a read of it,
+            # which eager makes too, gives NaN on both sides; one the candidate alone makes shows.
+            poison_free_memory()
             expected = eager()
             after_eager = _snapshot(modules, eager_inputs if twin else inputs)
             _state.set_rng_state(start.rng)
             torch.clear_autocast_cache()
+            poison_free_memory()
             actual = candidate()
             after_candidate = _snapshot(modules, inputs)
             settings = ComputeSettings.now()  # the precision both sides computed in, for the tolerance
@@ -149,6 +154,7 @@ class Checker:
             before = _snapshot(modules, ())
             built = build()
             after = _snapshot(modules, ())
+        poison_free_memory()  # what the construction (a capture) released, before anything replays over it
         _state.set_rng_state(before.rng)  # construction may draw (warm-up inputs); the caller's stream is theirs
         problems = self._state_differences(before, before, after, rng=False)
         self._raise(problems, self._details(**details, call=what))

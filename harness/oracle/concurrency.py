@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from harness.hazards import amplifiers_paused
 from harness.oracle import _contexts
 
 __all__ = ["Rendezvous", "Signals", "Lockstep", "run_in_threads", "THREAD_TIMEOUT_S"]
@@ -214,10 +215,12 @@ def run_in_threads(bodies: Sequence[Callable[[], Any]], *, rendezvous: Rendezvou
 
     threads = [threading.Thread(target=run, args=(index,), name=f"harness-{name}", daemon=True)
                for index, name in enumerate(names)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout)
+    # One thread's capture allocates and writes blocks another thread's poisoning would see free.
+    with amplifiers_paused():
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout)
     hung = [name for name, thread in zip(names, threads) if thread.is_alive()]
     if hung:
         if rendezvous is not None:

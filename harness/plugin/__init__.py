@@ -113,6 +113,18 @@ def pytest_runtest_makereport(item: pytest.Item,
     return report
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
+    # A suite's test on CUDA runs with every side stream's work started late (harness.hazards.widened_races).
+    current = session.current_session(item.config)
+    if current is None or current.device.type != "cuda" or not session.in_suites(item.path):
+        return (yield)
+    from harness.hazards import widened_races
+
+    with widened_races():
+        return (yield)
+
+
 def _header(config: pytest.Config) -> str | None:
     current = session.current_session(config)
     if current is None or config.stash.get(_ANNOUNCED, False):

@@ -61,6 +61,8 @@ def reproduce_command(config: pytest.Config, nodeid: str, *, replay: tuple[str, 
     if session.golden_dir is not None:  # the ini that may have named it is not read from another folder
         parts += [f"--golden-dir={session.golden_dir}"]  # joined: see child_runs.pytest_command
     parts += ["--hypothesis-profile", current_hypothesis_profile()]
+    if config.getoption("--hazard-amplifiers", "on") != "on":
+        parts += ["--hazard-amplifiers", config.getoption("--hazard-amplifiers")]
     if experts_implementation() != EXPERTS_IMPLEMENTATIONS[0]:
         parts += ["--experts-implementation", experts_implementation()]
     seed = seed if seed is not None else config.getoption("hypothesis_seed", None)

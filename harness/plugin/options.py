@@ -56,6 +56,10 @@ def add_options(parser: pytest.Parser) -> None:
     option("--reproduce-failure", metavar="VERSION:BLOB", default=None,
            help="replay one falsifying example of the one selected hypothesis test, as hypothesis's "
                 "@reproduce_failure(VERSION, BLOB) would; the reproduce line of a failure gives it")
+    option("--hazard-amplifiers", choices=("on", "off"), default="on",
+           help="on CUDA, fill the memory nobody owns with NaN bytes before each checked call and after each "
+                "capture, and start every side stream's work late, so that a read of released or unwritten memory, "
+                "or of a stream nobody waited for, fails for certain (harness.hazards; default on)")
     option("--golden-dir", metavar="PATH", default=None,
            help="keep the suites' goldens in PATH (an engine's own, mirroring the suites' layout) instead of the "
                 f"harness's golden/ folder: read there, written there by --snapshot-update (ini: {GOLDEN_DIR_INI}; "

@@ -190,6 +190,7 @@ def _activate(config: pytest.Config) -> HarnessSession:
     import torch
 
     from harness.graphs import backend_for
+    from harness.hazards import AMPLIFIERS_VARIABLE
     from harness.plugin import profiles
 
     _set_up_xdist_worker(config)
@@ -211,6 +212,7 @@ def _activate(config: pytest.Config) -> HarnessSession:
         use_harness_orphan_rule(config)
         # In the environment, so that child processes (kill matrix, subprocess cases) build the same stacks.
         os.environ[EXPERTS_VARIABLE] = experts_implementation(config.getoption("--experts-implementation"))
+        os.environ[AMPLIFIERS_VARIABLE] = config.getoption("--hazard-amplifiers")
         placement = resolve(device=config.getoption("--device"), graph_backend=config.getoption("--graph-backend"))
         if placement.device_type == "cpu":
             # The suites' tiny models gain nothing from intra-op threads, and idle threads spinning on a shared

@@ -117,6 +117,8 @@ class _ExternalTensor:
     """A tensor the capture did not allocate, held weakly as CUDA holds only its address."""
 
     storage: StorageWeakRef
+    address: int  # where the storage's memory was at capture, and how long: a graph holds those, not the storage
+    nbytes: int
     size: tuple[int, ...]
     stride: tuple[int, ...]
     offset: int | torch.SymInt
@@ -125,8 +127,9 @@ class _ExternalTensor:
 
     @classmethod
     def of(cls, tensor: torch.Tensor) -> _ExternalTensor:
+        storage = tensor.untyped_storage()
         return cls(
-            StorageWeakRef(tensor.untyped_storage()), tuple(tensor.shape), tuple(tensor.stride()),
+            StorageWeakRef(storage), storage.data_ptr(), storage.nbytes(), tuple(tensor.shape), tuple(tensor.stride()),
             tensor.storage_offset(), tensor.dtype, tensor.device,
         )
 
@@ -137,6 +140,13 @@ class _ExternalTensor:
                 f"replay reads a tensor of shape {self.size} and dtype {self.dtype} (input of {op_name}) that was "
                 "passed into the capture and has since been released by its owner; on CUDA that memory may "
                 "already hold other data. Keep static inputs alive as long as the graph."
+            )
+        if (storage.data_ptr(), storage.nbytes()) != (self.address, self.nbytes):
+            raise GraphHazardError(
+                f"replay reads a tensor of shape {self.size} and dtype {self.dtype} (input of {op_name}) whose memory "
+                f"was resized or moved since the capture ({self.nbytes} bytes then, {storage.nbytes()} now: "
+                "resize_, set_ on its storage); on CUDA the graph still reads the old address, which the allocator "
+                "may have handed to other data. Keep a captured tensor's storage as it was, or capture again."
             )
         with torch.no_grad():
             return torch.empty((0,), dtype=self.dtype, device=self.device).set_(storage, self.offset, self.size,

@@ -200,6 +200,25 @@ def test_released_external_tensor_is_reported_as_hazard(graph_oracle, graph_back
     graph_oracle.replay_fails(graph, GraphHazardError, match="released")
 
 
+@pytest.mark.clause("hazards")
+@pytest.mark.parametrize("change", ["grown", "shrunk"])
+def test_a_captured_input_whose_storage_was_resized_is_reported_as_hazard(graph_oracle, graph_backend, make_tensor,
+                                                                           change):
+    """PyTorch #191589: ``resize_`` on a captured tensor between capture and replay moves (or shortens) its memory,
+    and the graph keeps reading the old address. Where the backend can see it, the replay refuses."""
+    if graph_backend.name != "emulated":
+        pytest.skip("only the emulated backend can see a storage moved under a graph; on CUDA the graph reads the old "
+                    "address, which the hazard amplifiers fill with NaN once it is free (--hazard-amplifiers)")
+    x = make_tensor(16, seed=24)
+    graph = graph_oracle.capture(lambda: x * 2)
+    graph_oracle.replay(graph, lambda: x * 2, inputs=[x], exact=True)  # as captured: fine
+    if change == "grown":
+        x.resize_(1 << 14)
+    else:
+        x.untyped_storage().resize_(0)
+    graph_oracle.replay_fails(graph, GraphHazardError, match="resized or moved")
+
+
 @pytest.mark.clause("pools")
 def test_graphs_captured_without_a_pool_do_not_share_memory(graph_oracle, make_tensor):
     """Only graphs given one pool may share memory (and must then replay in capture order). Two graphs

@@ -1005,3 +1005,20 @@ class _UnjoinedBreakStreamGraph(BreakableGraph):
              "segment reads the break's output buffer before the break has written it")
 class BreakOnUnjoinedStream(GraphCapturer):
     graph_class = _UnjoinedBreakStreamGraph
+
+
+# Every aborted capture's session, kept for a post-mortem nobody reads.
+_ABORTED_SESSIONS: list[CaptureSession] = []
+
+
+class _KeepsAbortedSession(CaptureSession):
+    def abort(self) -> None:
+        super().abort()
+        _ABORTED_SESSIONS.append(self)
+
+
+@MUTANTS.add("failed-capture-kept", bug="a capture aborted by an error keeps its session, with the segments and "
+             "break records it made, alive for diagnostics (PyTorch #188439): every failed capture leaks what it "
+             "allocated")
+class FailedCaptureKept(GraphCapturer):
+    session_class = _KeepsAbortedSession

@@ -15,7 +15,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 from harness.compare import assert_equivalent
 from harness.errors import CaptureError
 from harness.graphs import eager_on_graph, is_capturing
-from harness.oracle import CALLING_MODES, example_caller_context, process_state
+from harness.oracle import CALLING_MODES, example_caller_context, footprint, process_state
 
 pytestmark = pytest.mark.clause("capture-rules")
 
@@ -216,6 +216,26 @@ def test_failed_capture_restores_compile_stance_dynamo_and_allocator_state(graph
     )
     torch._dynamo.reset()
     _assert_capture_usable_afterwards(graph_oracle, make_tensor)
+
+
+@pytest.mark.clause("capture-failure-clean")
+@pytest.mark.parametrize("how", sorted(FAILED_CAPTURES))
+def test_a_failed_capture_keeps_no_memory(graph_oracle, make_tensor, how):
+    """PyTorch #188439: a capture aborted by an error must release what it allocated (its pool's blocks, the
+    tensors of its segments). The first failure may create what any capture creates once (a lazily made handle);
+    each later one must leave the process holding what it held before: the tensors, their bytes and the device
+    allocator's bytes, after collecting."""
+    program, error = FAILED_CAPTURES[how]
+    x = make_tensor(1 << 12, seed=8)
+    graph_oracle.capture_fails(lambda: program(x), error, how=how)
+    before = footprint()
+    for attempt in range(2):
+        graph_oracle.capture_fails(lambda: program(x), error, how=how, attempt=attempt)
+    kept = footprint() - before
+    assert (kept.tensors, kept.tensor_bytes, kept.device_bytes) == (0, 0, 0), (
+        f"two more failed captures ({how}) left the process holding {kept.tensors} more tensors, "
+        f"{kept.tensor_bytes} more bytes of tensor storage and {kept.device_bytes} more device bytes: a failed "
+        "capture keeps what it allocated")
 
 
 @contextlib.contextmanager

@@ -16,6 +16,7 @@ from typing import Any, cast
 
 import torch
 
+from harness.compare import ComputeSettings
 from harness.errors import CaptureError, ReplayError
 from harness.graphs._backend import GraphBackend, Segment, SegmentRecording
 from harness.graphs._seam import (
@@ -495,11 +496,14 @@ class GraphCapturer:
 
     def capture(self, fn: Callable[[], Any], *, pool: Any = None, warmup_runs: int = 1) -> BreakableGraph:
         self.check_not_capturing()
-        # Autocast's cast cache off while warming up and capturing (torch.cuda.make_graphed_callables asks the same):
-        # a cast the cache served would be baked into the graph as a constant, and a replay after the weights were
-        # written in place would read the stale copy. The caller's setting is put back after.
+        # Autocast's cast cache off while warming up and capturing where the caller's autocast is on
+        # (torch.cuda.make_graphed_callables asks the same): a cast cached before the capture would be baked into
+        # the graph as a constant, and a replay after the weights were written in place would read the stale copy.
+        # With autocast off the cache holds nothing, and the setting is left alone: Dynamo guards on it, so
+        # compiled code would compile once more for the capture. The caller's setting is put back after.
         cache_enabled = torch.is_autocast_cache_enabled()
-        torch.set_autocast_cache_enabled(False)
+        if ComputeSettings.now().autocast:
+            torch.set_autocast_cache_enabled(False)
         try:
             for _ in range(warmup_runs):
                 self.backend.warm_up(fn)

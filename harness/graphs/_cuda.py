@@ -29,6 +29,19 @@ _CAPTURE_FAILURE_MARKERS = (
 
 
 @contextlib.contextmanager
+def _on_own_stream(stream: torch.cuda.Stream) -> Iterator[None]:
+    """``stream`` current inside the block, set without ``torch.cuda.set_stream``, which the race widener
+    (:func:`harness.hazards.widened_races`) patches: the backend's own warm-up and capture streams are ordered
+    with the caller's, and a spin on them would only slow every capture."""
+    previous = torch.cuda.current_stream(stream.device)
+    torch.cuda._set_stream_by_id(stream.stream_id, stream.device_index, stream.device_type)
+    try:
+        yield
+    finally:
+        torch.cuda._set_stream_by_id(previous.stream_id, previous.device_index, previous.device_type)
+
+
+@contextlib.contextmanager
 def _empty_graphs_allowed() -> Iterator[None]:
     # A segment between two adjacent breaks, or one aborted early, legitimately holds no kernels.
     with warnings.catch_warnings():
@@ -82,7 +95,7 @@ class CudaBackend(GraphBackend):
     def warm_up(self, fn: Callable[[], Any]) -> None:
         side = torch.cuda.Stream(device=self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
+        with torch.cuda.device(self.device), _on_own_stream(side):
             fn()
         torch.cuda.current_stream(self.device).wait_stream(side)
 
@@ -111,7 +124,7 @@ class CudaBackend(GraphBackend):
         self._capture_stream = self._stream_of_every_capture
         self._capture_stream.wait_stream(self._caller_stream)
         try:
-            with torch.cuda.device(self.device), torch.cuda.stream(self._capture_stream):
+            with torch.cuda.device(self.device), _on_own_stream(self._capture_stream):
                 yield
         finally:
             self._caller_stream.wait_stream(self._capture_stream)

@@ -20,9 +20,10 @@ from harness.hazards._config import amplifiers_enabled
 
 __all__ = ["SPIN_CYCLES", "widened_races"]
 
-#: The spin queued on a side stream, in GPU clock cycles: about half a millisecond, thousands of times the
-#: kernels of the suites' tiny models.
-SPIN_CYCLES = 1_000_000
+#: The spin queued on a side stream, in GPU clock cycles: about 10 ms at an H100's or H200's clock, far above the
+#: suites' kernels and above the host's usual stalls between queuing the side stream's work and its reader (a
+#: shorter spin ended before the reader was queued on a host busy with a dozen test processes).
+SPIN_CYCLES = 20_000_000
 
 
 @contextlib.contextmanager

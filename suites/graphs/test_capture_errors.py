@@ -174,12 +174,24 @@ def _raising_break(h):
     raise ValueError("a break fails during capture")
 
 
+def _fails_after_a_break(x):
+    # a segment and a break recorded before the failure: what a session that outlives its failure would keep
+    h = _doubling_break(x + 1)
+    return (h > 0).nonzero().sum() * h
+
+
+@eager_on_graph
+def _doubling_break(h):
+    return h * 2
+
+
 def _interrupted(x):
     raise _Interrupt("interrupted during capture")
 
 
 FAILED_CAPTURES = {
     "host_sync_in_a_segment": (_fails_in_a_segment, CaptureError),
+    "host_sync_after_a_break": (_fails_after_a_break, CaptureError),
     "exception_in_a_break": (_fails_in_a_break, ValueError),
     "base_exception_in_a_segment": (_interrupted, _Interrupt),
 }

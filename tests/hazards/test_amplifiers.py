@@ -38,7 +38,9 @@ def test_no_free_block_in_a_snapshot_without_one():
     assert free_blocks([]) == []
 
 
-def test_poisoning_is_a_no_op_where_cuda_is_not_initialised():
+def test_poisoning_is_a_no_op_where_cuda_is_not_initialised(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)  # on a GPU machine too
+    monkeypatch.setattr(torch.cuda, "memory_snapshot", lambda *args, **kwargs: pytest.fail("a snapshot was read"))
     assert hazards.poison_free_memory(force=True) == hazards.PoisonReport()
 
 

@@ -175,8 +175,9 @@ exit 0
 '''
 
 
-def _run_bench_step(tmp_path, **env):
-    """The bench step's command, as .ci/gpu/run runs it (its lines joined), with a stand-in python; its calls."""
+def _run_bench_step(tmp_path, *, cwd=ROOT, **env):
+    """The bench step's command, as .ci/gpu/run runs it (its lines joined) in ``cwd``, with a stand-in python; its
+    calls."""
     import os
     import subprocess
 
@@ -189,8 +190,8 @@ def _run_bench_step(tmp_path, **env):
     out.mkdir()
     site.mkdir()
     environment = {**os.environ, "py": str(fake), "out": str(out), "site": str(site), "CALLS": str(calls),
-                   "REPO": str(ROOT), **env}
-    completed = subprocess.run(["bash", "-c", step.replace("\n", " ")], cwd=ROOT, env=environment,
+                   "REPO": str(cwd), **env}
+    completed = subprocess.run(["bash", "-c", step.replace("\n", " ")], cwd=cwd, env=environment,
                                capture_output=True, text=True, timeout=120)
     return completed, calls.read_text().splitlines(), out
 
@@ -220,16 +221,33 @@ def test_the_bench_step_falls_back_to_the_committed_baseline_when_the_base_commi
 
 
 def test_the_bench_step_takes_the_baseline_commit_from_git_history(tmp_path):
+    """In a repository of its own (a checkout's history differs from machine to machine, and a GPU machine's copy of
+    the tree may have none): the baselines committed, then a later commit; the step unpacks the commit that last
+    changed the runner baseline and measures there."""
     import shutil
     import subprocess
 
-    top = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--show-toplevel"], capture_output=True, text=True) \
-        if shutil.which("git") else None
-    if top is None or top.returncode or Path(top.stdout.strip()).resolve() != ROOT.resolve():
-        # a copy of the tree without its .git (a GPU machine's), perhaps inside another repository
-        pytest.skip("not a git checkout: the step gates against the committed file there (the fallback test)")
-    completed, calls, out = _run_bench_step(tmp_path)
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed: the step gates against the committed file without it (the fallback test)")
+    repo = tmp_path / "repo"
+    baselines = repo / "harness" / "bench" / "baselines"
+    baselines.mkdir(parents=True)
+
+    def git(*words):
+        subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *words], check=True,
+                       capture_output=True)
+
+    git("init", "-q")
+    for name in ("h100-runner.json", "h100-gather.json"):
+        (baselines / name).write_text('{"recorded": "first"}')
+    git("add", "-A")
+    git("commit", "-q", "-m", "baselines")
+    (repo / "later.txt").write_text("a later change")
+    git("add", "-A")
+    git("commit", "-q", "-m", "later")
+    completed, calls, out = _run_bench_step(tmp_path, cwd=repo)
     assert completed.returncode == 0, completed.stdout + completed.stderr
     tree = tmp_path / "site" / "bench-base"
-    assert (tree / "harness" / "bench" / "baselines" / "h100-runner.json").is_file(), "the commit's tree, unpacked"
+    unpacked = tree / "harness" / "bench" / "baselines" / "h100-runner.json"
+    assert unpacked.is_file() and not (tree / "later.txt").exists(), "the baseline commit's tree, unpacked"
     assert any(call.startswith(f"{tree} :: -m harness bench runner") for call in calls), calls

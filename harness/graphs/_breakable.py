@@ -496,20 +496,21 @@ class GraphCapturer:
 
     def capture(self, fn: Callable[[], Any], *, pool: Any = None, warmup_runs: int = 1) -> BreakableGraph:
         self.check_not_capturing()
-        # Autocast's cast cache off while warming up and capturing where the caller's autocast is on
-        # (torch.cuda.make_graphed_callables asks the same): a cast cached before the capture would be baked into
-        # the graph as a constant, and a replay after the weights were written in place would read the stale copy.
-        # With autocast off the cache holds nothing, and the setting is left alone: Dynamo guards on it, so
-        # compiled code would compile once more for the capture. The caller's setting is put back after.
-        cache_enabled = torch.is_autocast_cache_enabled()
-        if ComputeSettings.now().autocast:
-            torch.set_autocast_cache_enabled(False)
+        # Where the caller's autocast is on, its cast cache is emptied before the capture and after it: a cast cached
+        # before the capture (by the caller, by the warm-up) would be read by the captured ops without a cast op in
+        # the graph, so a replay after the weights were written in place would read the stale copy; a cast cached
+        # during the capture lives in the graph's pool. The cache stays enabled (torch.cuda.make_graphed_callables
+        # turns it off instead): Dynamo guards on that setting, and compiled code would compile again for the capture.
+        autocast = bool(ComputeSettings.now().autocast)
         try:
             for _ in range(warmup_runs):
                 self.backend.warm_up(fn)
+            if autocast:
+                torch.clear_autocast_cache()
             session = self.session_class(self.backend, self.new_pool() if pool is None else pool)
             with session.active():
                 output = fn()
         finally:
-            torch.set_autocast_cache_enabled(cache_enabled)
+            if autocast:
+                torch.clear_autocast_cache()
         return self.graph_class(session.steps, output)

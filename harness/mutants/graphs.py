@@ -1022,3 +1022,17 @@ class _KeepsAbortedSession(CaptureSession):
              "allocated")
 class FailedCaptureKept(GraphCapturer):
     session_class = _KeepsAbortedSession
+
+
+@MUTANTS.add("cast-cache-off-for-capture", backends={"cuda"}, bug="turns autocast's cast cache off for the warm-up and "
+             "the capture and back on after, whether autocast is on or not: Dynamo guards on that setting, so every "
+             "compiled function the program calls compiles once more when a bucket is captured at serving time "
+             "(vLLM #57227's class: a compile inside the capture procedure)")
+class CastCacheOffForCapture(GraphCapturer):
+    def capture(self, fn: Callable[[], Any], *, pool: Any = None, warmup_runs: int = 1) -> BreakableGraph:
+        enabled = torch.is_autocast_cache_enabled()
+        torch.set_autocast_cache_enabled(False)
+        try:
+            return super().capture(fn, pool=pool, warmup_runs=warmup_runs)
+        finally:
+            torch.set_autocast_cache_enabled(enabled)

@@ -231,7 +231,9 @@ def test_failed_capture_restores_compile_stance_dynamo_and_allocator_state(graph
 
 
 @pytest.mark.clause("capture-failure-clean")
-@pytest.mark.parametrize("how", sorted(FAILED_CAPTURES))
+# a failure in a break (at the warm-up on CUDA) and one in a segment after a segment and a break were recorded: the
+# two ways a capture fails with something allocated (the others fail before anything is)
+@pytest.mark.parametrize("how", ["exception_in_a_break", "host_sync_after_a_break"])
 def test_a_failed_capture_keeps_no_memory(graph_oracle, make_tensor, how):
     """PyTorch #188439: a capture aborted by an error must release what it allocated (its pool's blocks, the
     tensors of its segments). The first failure may create what any capture creates once (a lazily made handle);

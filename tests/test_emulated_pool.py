@@ -64,3 +64,25 @@ def test_a_one_byte_block_is_recarved_too():
     later = capturer.capture(lambda: y * 2, pool=pool)
     earlier.replay()
     assert torch.equal(later.output, x + 1), "a freed one-byte block is not re-carved"
+
+
+def test_poisoning_fills_the_free_blocks_of_a_pool_and_the_graph_still_replays_right():
+    """harness.hazards poisons the emulated pools too: a block nothing holds (the earlier capture's intermediate)
+    reads 0xFF bytes, NaN, after poisoning, a block still held keeps its values, and the graph, which writes its
+    intermediate before reading it, replays right."""
+    from harness import hazards
+
+    capturer = GraphCapturer(EmulatedBackend())
+    pool = capturer.new_pool()
+    x = torch.arange(4.0)
+    graph = capturer.capture(lambda: (x * 2).sum(), pool=pool)
+    report = hazards.poison_free_memory(force=True)
+    free = [block for block in pool.blocks.values() if block.is_free()]
+    assert free and report.blocks >= len(free), f"no free block poisoned: {report}"
+    for block in free:
+        contents = torch.empty((0,), dtype=torch.uint8).set_(block.storage, 0, (block.nbytes,), (1,))
+        assert (contents == hazards.POISON_BYTE).all(), "a free block of the pool was not poisoned"
+    assert torch.equal(graph.output, (x * 2).sum()), "poisoning reached a block the graph's output holds"
+    x.copy_(torch.arange(4.0) + 1)
+    graph.replay()
+    assert torch.equal(graph.output, (x * 2).sum())

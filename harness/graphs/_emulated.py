@@ -82,6 +82,10 @@ class _Block:
         return torch._C._storage_Use_Count(self.storage._cdata) == 1 + len(self.aliases)
 
 
+# Every pool alive, for poison_free_blocks (harness.hazards fills memory nobody owns on every backend).
+_LIVE_POOLS: weakref.WeakSet[_EmulatedPool] = weakref.WeakSet()
+
+
 class _EmulatedPool:
     """Stands for a CUDA graph pool: remembers which storages captures in it allocated (``owned_storages``),
     and keeps the memory of those it can hand out again (``blocks``, see :class:`_Block`)."""
@@ -91,6 +95,7 @@ class _EmulatedPool:
         self.blocks: dict[int, _Block] = {}
         self._by_size: list[_Block] = []  # smallest first, then oldest: the order carve() tries them in
         self._sequence = itertools.count()
+        _LIVE_POOLS.add(self)
 
     def add(self, storage: torch.UntypedStorage, epoch: int | None) -> _Block:
         block = _Block(storage, epoch, next(self._sequence))
@@ -110,6 +115,20 @@ class _EmulatedPool:
             if block.epoch is not None and block.epoch < epoch and block.is_free():
                 return block
         return None
+
+
+def poison_free_blocks(byte: int) -> tuple[int, int]:
+    """Fill every free block of every live emulated pool with ``byte`` and return (blocks, bytes) filled; none while a
+    capture is being recorded in this context. A correct graph writes such a block before it reads it at replay, as
+    on CUDA; a graph, break or caller that reads one it does not own reads the poison."""
+    if _CAPTURE_EPOCH.get() is not None:
+        return 0, 0
+    blocks = [block for pool in list(_LIVE_POOLS) for block in pool.blocks.values() if block.is_free()]
+    with _disable_current_modes(), torch.no_grad():
+        for block in blocks:
+            torch.empty((0,), dtype=torch.uint8, device=block.storage.device).set_(
+                block.storage, 0, (block.nbytes,), (1,)).fill_(byte)
+    return len(blocks), sum(block.nbytes for block in blocks)
 
 
 @dataclasses.dataclass

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from harness.graphs._emulated import poison_free_blocks
 from harness.hazards._config import amplifiers_enabled
 
 __all__ = ["POISON_BYTE", "FreeBlock", "PoisonReport", "free_blocks", "poison_free_memory"]
@@ -76,15 +77,21 @@ def poison_free_memory(*, force: bool = False) -> PoisonReport:
     :data:`POISON_BYTE`, queued on each device's current stream (no wait: a side stream that still reads a block
     its owner released without ``record_stream`` races the fill, as it would race the block's next owner).
 
-    A no-op where CUDA is not initialised, while a stream of this thread captures, or where the amplifiers are
-    off or paused (``force`` acts anyway: the positive controls)."""
-    if not (force or amplifiers_enabled()) or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+    The emulated backend's pools are poisoned the same way: every block no tensor holds
+    (``harness.graphs._emulated``). A no-op while a capture is being recorded in this thread (a stream of this
+    thread captures, or an emulated recording runs), where CUDA is not initialised (for its memory), or where the
+    amplifiers are off or paused (``force`` acts anyway: the positive controls)."""
+    if not (force or amplifiers_enabled()):
         return PoisonReport()
+    emulated_blocks, emulated_bytes = poison_free_blocks(POISON_BYTE)
+    report = PoisonReport(emulated_blocks, emulated_bytes)
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return report
     devices = range(torch.cuda.device_count())
     if any(_stream_capturing(index) for index in devices):
-        return PoisonReport()
+        return report
     blocks = free_blocks(torch.cuda.memory_snapshot())
     for block in blocks:
         with torch.cuda.device(block.device):
             torch.as_tensor(_RawMemory(block.address, block.size), device=f"cuda:{block.device}").fill_(POISON_BYTE)
-    return PoisonReport(len(blocks), sum(block.size for block in blocks))
+    return PoisonReport(report.blocks + len(blocks), report.bytes + sum(block.size for block in blocks))

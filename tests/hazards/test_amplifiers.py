@@ -38,10 +38,21 @@ def test_no_free_block_in_a_snapshot_without_one():
     assert free_blocks([]) == []
 
 
-def test_poisoning_is_a_no_op_where_cuda_is_not_initialised(monkeypatch):
+def test_cuda_memory_is_left_alone_where_cuda_is_not_initialised(monkeypatch):
+    from harness.hazards import _poison
+
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)  # on a GPU machine too
     monkeypatch.setattr(torch.cuda, "memory_snapshot", lambda *args, **kwargs: pytest.fail("a snapshot was read"))
-    assert hazards.poison_free_memory(force=True) == hazards.PoisonReport()
+    monkeypatch.setattr(_poison, "poison_free_blocks", lambda byte: (2, 64))  # the emulated pools' part
+    assert hazards.poison_free_memory(force=True) == hazards.PoisonReport(2, 64)
+
+
+def test_nothing_is_poisoned_where_the_amplifiers_are_off(monkeypatch):
+    from harness.hazards import _poison
+
+    monkeypatch.setenv(hazards.AMPLIFIERS_VARIABLE, "off")
+    monkeypatch.setattr(_poison, "poison_free_blocks", lambda byte: pytest.fail("emulated pools were poisoned"))
+    assert hazards.poison_free_memory() == hazards.PoisonReport()
 
 
 def test_the_amplifiers_follow_the_run_setting_and_pause_in_every_thread(monkeypatch):

@@ -46,13 +46,15 @@ def _view_over(storage: torch.UntypedStorage, like: torch.Tensor) -> torch.Tenso
             storage, like.storage_offset(), like.shape, like.stride())
 
 
+def _as_bytes(storage: torch.UntypedStorage, nbytes: int) -> torch.Tensor:
+    """The first ``nbytes`` of ``storage`` as a uint8 tensor (call outside any dispatch mode, without grad)."""
+    return torch.empty((0,), dtype=torch.uint8, device=storage.device).set_(storage, 0, (nbytes,), (1,))
+
+
 def _copy_bytes(destination: torch.UntypedStorage, source: torch.UntypedStorage) -> None:
     nbytes = source.nbytes()
     with _disable_current_modes(), torch.no_grad():
-        def as_bytes(storage: torch.UntypedStorage) -> torch.Tensor:
-            return torch.empty((0,), dtype=torch.uint8, device=storage.device).set_(storage, 0, (nbytes,), (1,))
-
-        as_bytes(destination).copy_(as_bytes(source))
+        _as_bytes(destination, nbytes).copy_(_as_bytes(source, nbytes))
 
 
 class _Block:
@@ -126,8 +128,7 @@ def poison_free_blocks(byte: int) -> tuple[int, int]:
     blocks = [block for pool in list(_LIVE_POOLS) for block in pool.blocks.values() if block.is_free()]
     with _disable_current_modes(), torch.no_grad():
         for block in blocks:
-            torch.empty((0,), dtype=torch.uint8, device=block.storage.device).set_(
-                block.storage, 0, (block.nbytes,), (1,)).fill_(byte)
+            _as_bytes(block.storage, block.nbytes).fill_(byte)
     return len(blocks), sum(block.nbytes for block in blocks)
 
 

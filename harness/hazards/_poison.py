@@ -1,4 +1,5 @@
-"""Poison memory nobody owns: every block the CUDA caching allocator holds free is filled with NaN bytes.
+"""Poison memory nobody owns: every block the CUDA caching allocator (and an emulated graph pool) holds free is
+filled with NaN bytes.
 
 A graph that reads a tensor its owner released, a break output held only weakly, or rows of a buffer nobody
 wrote, reads whatever the allocator's last user left there: often the right values, so the bug passes. Filled

@@ -5,7 +5,8 @@ Work queued on a side stream and never joined (a break that returns before its s
 small kernels is nearly always. Inside :func:`widened_races`, each switch of a thread to a stream other than its
 device's default stream (``torch.cuda.stream(...)``, ``torch.cuda.set_stream``) first queues a spin kernel
 (``torch.cuda._sleep``) there: the side stream's next work runs after it, and a reader on the caller's stream
-that does not wait for it reads before it for certain. Ordered code only waits a little longer. A side stream
+that does not wait for it reads before it, unless the host stalls longer than the spin between queuing the two.
+Ordered code only waits a little longer. A side stream
 forked into a capture records the spin into the graph, so replays are widened too."""
 
 from __future__ import annotations
@@ -20,9 +21,8 @@ from harness.hazards._config import amplifiers_enabled
 
 __all__ = ["SPIN_CYCLES", "widened_races"]
 
-#: The spin queued on a side stream, in GPU clock cycles: about 10 ms at an H100's or H200's clock, far above the
-#: suites' kernels and above the host's usual stalls between queuing the side stream's work and its reader (a
-#: shorter spin ended before the reader was queued on a host busy with a dozen test processes).
+#: The spin queued on a side stream, in GPU clock cycles: far longer than the suites' kernels, and than the host's
+#: usual stalls between queuing the side stream's work and its reader (the CHANGELOG has why it is this long).
 SPIN_CYCLES = 20_000_000
 
 

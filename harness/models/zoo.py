@@ -23,6 +23,7 @@ from harness.models.engine import (
     ModelConfig,
     SideInputEngineModel,
 )
+from harness.models.cross_token import CrossTokenLM
 from harness.models.index_checked import IndexCheckedLM
 from harness.models.paged import PagedDecoderLM
 from harness.models.recurrent import RecurrentStateLM
@@ -115,6 +116,9 @@ _BUILDERS: dict[str, Callable[[ModelConfig], nn.Module]] = {
     "recurrent-state": RecurrentStateLM,
     # Attention that checks every row it reads, padding rows included, against a request pool (pad rows' metadata).
     "index-checked": IndexCheckedLM,
+    # Ops that mix rows (a dynamic per-tensor scale over every row, pad rows masked by a multiply): NaN in a pad row
+    # of a hidden input or of a break's output reaches every real row.
+    "cross-token": CrossTokenLM,
     # No rule finds this stack: its layer list has a name no engine uses, under a name no engine uses,
     # so discovery must fall back to the whole model (single requests replay, several run eagerly).
     "odd-unnamed-layers": lambda config: CausalLM(

@@ -346,6 +346,25 @@ class PadsWithLastRow(LayerStackRunner):
                                    side_inputs={name: replicate(t) for name, t in padded.side_inputs.items()})
 
 
+@MUTANTS.add("pads-hidden-inputs-unwritten", bug="pads the float per-token side inputs (hidden inputs such as "
+                    "DeepStack embeddings) with rows it allocates and never writes (torch.empty, as a static buffer "
+                    "refreshed only in its first n rows): whatever memory held reaches a cross-token op through the "
+                    "pad rows (vLLM #40047)")
+class PadsHiddenInputsUnwritten(LayerStackRunner):
+    def pad(self, batch: ForwardBatch, bucket: int) -> ForwardBatch:
+        padded = batch.padded_to(bucket)
+        real = batch.input_ids.shape[0]
+
+        def unwritten(tensor: torch.Tensor) -> torch.Tensor:
+            if not tensor.is_floating_point() or real == tensor.shape[0]:
+                return tensor
+            rows = tensor.new_empty(tensor.shape)
+            rows[:real] = tensor[:real]
+            return rows
+
+        return dataclasses.replace(padded, side_inputs={name: unwritten(t) for name, t in padded.side_inputs.items()})
+
+
 @MUTANTS.add("requests-bounded-by-tokens", bug="keeps each bucket's per-request metadata (the last-token indices the "
                     "logits read) in a static buffer of one entry per token, the most requests a bucket holds when no "
                     "request is empty: a batch padded with zero-length requests past that crashes the copy")

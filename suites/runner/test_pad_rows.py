@@ -9,16 +9,23 @@ request pool with each row's position and request-pool slot, as those kernels do
 holds anything but the padding fill (slot 0, position 0). Each bucket is replayed first with a
 small batch (the capture's dummy left its positions in the static buffers), then with a batch that
 fills it, then, after those requests finished and their pool slots were freed, with a small batch
-again, so stale metadata would sit in its pad rows. Every call goes through ``check_run``."""
+again, so stale metadata would sit in its pad rows. Every call goes through ``check_run``.
+
+Pad rows' values: the ``cross-token`` model (``harness.models.cross_token``) mixes rows inside its captured
+segments, as a per-tensor activation scale does, so NaN in any pad row of a hidden input reaches every real row
+(vLLM #40047). Its tests run under :func:`harness.hazards.uninitialised_memory_poisoned`, which makes rows that
+were allocated and never written NaN on every backend."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
 
+from harness.hazards import amplifiers_enabled, uninitialised_memory_poisoned
 from harness.models import build_model
 from harness.models.index_checked import with_pool_slots
 from harness.oracle import CALLING_MODES
@@ -124,3 +131,49 @@ def test_pad_rows_of_a_batch_that_arrived_padded(build_runner, check_run, device
         batch = batch if rows is None else batch.padded_to(rows)
         check_run(runner, model, batch, model="index-checked", slots=slots)
         scheduler.finish(slots)
+
+
+def _with_hidden_input(batch: ForwardBatch, *, seed: int) -> ForwardBatch:
+    """``batch`` with a drawn ``deepstack_embeds`` hidden input, one row per token."""
+    generator = torch.Generator().manual_seed(seed)
+    embeds = torch.randn(batch.input_ids.shape[0], CONFIG.hidden_size, generator=generator)
+    return ForwardBatch.from_lengths(batch.seq_lens, vocab_size=CONFIG.vocab_size, seed=seed, device=batch.device,
+                                     side_inputs={"deepstack_embeds": embeds.to(batch.device)})
+
+
+@pytest.mark.skipif(not amplifiers_enabled(), reason="the hazard amplifiers are off (--hazard-amplifiers off)")
+def test_unwritten_pad_rows_reach_every_real_row(device):
+    """Positive control of the amplifier and of the model: under ``uninitialised_memory_poisoned`` a pad row
+    allocated and never written reads NaN, and the ``cross-token`` model carries it into every real row; the padding
+    fill (zeros) leaves every real row finite."""
+    model = build_model("cross-token", seed=SEED, device=device)
+    batch = _with_hidden_input(ForwardBatch.from_lengths((3, 2), vocab_size=CONFIG.vocab_size, device=device), seed=7)
+    padded = batch.padded_to(8)
+    embeds = padded.side_inputs["deepstack_embeds"]
+    with uninitialised_memory_poisoned(), torch.inference_mode():
+        unwritten = embeds.new_empty(embeds.shape)
+        unwritten[:batch.num_tokens] = embeds[:batch.num_tokens]
+        assert unwritten[batch.num_tokens:].isnan().all(), "uninitialised_memory_poisoned left a fresh row finite"
+        poisoned = model(padded.input_ids, padded.positions,
+                         dataclasses.replace(padded, side_inputs={"deepstack_embeds": unwritten}))
+        filled = model(padded.input_ids, padded.positions, padded)
+    assert poisoned.next_token_logits.isnan().all(), (
+        "NaN in the pad rows of the cross-token model's hidden input did not reach every real row's logits: "
+        f"{int(poisoned.next_token_logits.isnan().sum())} of {poisoned.next_token_logits.numel()} are NaN")
+    assert filled.next_token_logits.isfinite().all(), "the padding fill gave non-finite logits"
+
+
+def test_pad_rows_of_hidden_inputs_stay_out_of_real_rows(build_runner, check_run, device):
+    """The ``cross-token`` model, with a hidden input, in each bucket: a batch that fills it, then a small one,
+    with fresh allocations NaN. Pad rows of every hidden input must hold finite values (the padding fill), or the
+    cross-token op carries their NaN into every real row."""
+    model = build_model("cross-token", seed=SEED, device=device)
+    runner = build_runner(model)
+    steps = [(bucket, step, lengths) for bucket in BUCKETS
+             for step, lengths in (("fills the bucket", _fill(bucket)), ("after a larger batch", _small(bucket)))]
+    with uninitialised_memory_poisoned():
+        for index, (bucket, step, lengths) in enumerate(steps):
+            batch = _with_hidden_input(ForwardBatch.from_lengths(lengths, vocab_size=CONFIG.vocab_size,
+                                                                 device=device), seed=200 + index)
+            check_run(runner, model, batch, mode=CALLING_MODES[index % len(CALLING_MODES)], model="cross-token",
+                      bucket=bucket, step=step)

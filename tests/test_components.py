@@ -116,3 +116,13 @@ def test_importing_a_component_registers_nothing():
             "print(sorted(m for m in sys.modules if m.startswith('harness.mutants')))")
     completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert completed.stdout.strip() == "[]"
+
+
+def test_an_included_mutant_set_keeps_each_mutants_backends():
+    """A mutant judged on CUDA only stays so when its module's set is included into the component's."""
+    inner, outer = MutantSet("graphs"), MutantSet("graphs")
+    inner.add("cuda-only", bug="a bug only a CUDA stream shows", backends={"cuda"})(object())
+    inner.add("anywhere", bug="a bug every backend shows")(object())
+    outer.include(inner)
+    assert {mutant.name: mutant.backends for mutant in outer} == {"cuda-only": frozenset({"cuda"}),
+                                                                   "anywhere": frozenset()}

@@ -66,7 +66,7 @@ class MutantSet:
         if other.component != self.component:
             raise ValueError(f"cannot include {other.component} mutants in the {self.component} set")
         for mutant in other:
-            self.add(mutant.name, bug=mutant.bug)(mutant.obj)
+            self.add(mutant.name, bug=mutant.bug, backends=mutant.backends)(mutant.obj)
 
     def __iter__(self) -> Iterator[Mutant]:
         return iter(self._mutants.values())

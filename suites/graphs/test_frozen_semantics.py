@@ -208,7 +208,8 @@ def test_a_captured_input_whose_storage_was_resized_is_reported_as_hazard(graph_
     and the graph keeps reading the old address. Where the backend can see it, the replay refuses."""
     if graph_backend.name != "emulated":
         pytest.skip("only the emulated backend can see a storage moved under a graph; on CUDA the graph reads the old "
-                    "address, which the hazard amplifiers fill with NaN once it is free (--hazard-amplifiers)")
+                    "address, which the hazard amplifiers fill with NaN once it is free (their positive control: "
+                    "test_hazard_amplifiers.py::test_poison_makes_a_replay_over_a_moved_input_read_nan)")
     x = make_tensor(16, seed=24)
     graph = graph_oracle.capture(lambda: x * 2)
     graph_oracle.replay(graph, lambda: x * 2, inputs=[x], exact=True)  # as captured: fine

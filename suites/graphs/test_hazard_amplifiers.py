@@ -55,6 +55,27 @@ def test_poison_makes_a_replay_over_released_memory_read_nan(device):
                                   "input are not NaN after poisoning: the freed block was not filled")
 
 
+@pytest.mark.parametrize("change", ["grown", "set to another storage"])
+def test_poison_makes_a_replay_over_a_moved_input_read_nan(device, change):
+    """PyTorch #191589: ``resize_`` past a captured tensor's storage, or ``set_`` to another one, moves its memory; the
+    graph keeps the old address, which is free once the tensor moved, and poisoning fills it."""
+    x = torch.randn(4096, device=device)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = x * 2 + 1
+    if change == "grown":
+        x.resize_(1 << 20)
+    else:
+        x.set_(torch.randn(4096, device=device))
+    torch.cuda.synchronize()
+    hazards.poison_free_memory(force=True)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.isnan(y).all(), (f"{int((~torch.isnan(y)).sum())} of {y.numel()} elements of a replay over an input "
+                                  f"{change} since the capture are not NaN after poisoning: its old block was not "
+                                  "filled")
+
+
 def test_the_checker_fails_a_replay_over_released_memory(device):
     if not hazards.amplifiers_enabled():
         pytest.skip("the hazard amplifiers are off in this run (--hazard-amplifiers off)")

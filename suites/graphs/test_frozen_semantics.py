@@ -201,7 +201,7 @@ def test_released_external_tensor_is_reported_as_hazard(graph_oracle, graph_back
 
 
 @pytest.mark.clause("hazards")
-@pytest.mark.parametrize("change", ["grown", "shrunk"])
+@pytest.mark.parametrize("change", ["grown", "shrunk", "set to another storage"])
 def test_a_captured_input_whose_storage_was_resized_is_reported_as_hazard(graph_oracle, graph_backend, make_tensor,
                                                                            change):
     """PyTorch #191589: ``resize_`` on a captured tensor between capture and replay moves (or shortens) its memory,
@@ -215,9 +215,13 @@ def test_a_captured_input_whose_storage_was_resized_is_reported_as_hazard(graph_
     graph_oracle.replay(graph, lambda: x * 2, inputs=[x], exact=True)  # as captured: fine
     if change == "grown":
         x.resize_(1 << 14)
-    else:
+    elif change == "shrunk":
         x.untyped_storage().resize_(0)
-    graph_oracle.replay_fails(graph, GraphHazardError, match="resized or moved")
+    else:
+        x.set_(make_tensor(16, seed=25))
+    # set_ drops the tensor's last hold on its old storage: the memory the graph reads is released, not moved
+    graph_oracle.replay_fails(graph, GraphHazardError,
+                              match="released by its owner" if change.startswith("set") else "resized or moved")
 
 
 @pytest.mark.clause("pools")

@@ -148,28 +148,49 @@ def reuses_output_buffers(indices, *buffers) -> GatherOutputs:
 _STAGING: dict[tuple, torch.Tensor] = {}
 
 
-@MUTANTS.add("shared-workspace", bug="gathers into a staging buffer kept per buffer, dtype and row shape in a "
-             "module-level dict and hands out copies of it: right for one caller at a time, but two threads "
-             "gathering at once copy out each other's rows")
-def shared_workspace(indices, *buffers) -> GatherOutputs:
+def _through_workspace(staging_of: dict[tuple, torch.Tensor], indices, buffers) -> GatherOutputs:
+    """Gather each buffer into the workspace ``staging_of`` keeps for its position, dtype, row shape and device,
+    allocated anew when it holds fewer rows than the call, and hand out copies of it."""
     # A kernel that writes into a persistent workspace (one fixed address, as CUDA graphs like), grown on demand
-    # and copied out so that every call's results are fresh: the workspace itself is the process's, not the call's.
+    # and copied out so that every call's results are fresh: the workspace itself outlives the call.
     def take(position: int, buf: torch.Tensor | None) -> torch.Tensor | None:
         if buf is None:
             return None
         gathered = buf[indices]
         key = (position, gathered.dtype, tuple(gathered.shape[1:]), gathered.device)
         # The workspace outlives the call, so it is a normal tensor whatever the caller's autograd mode (an
-        # inference tensor could not be written outside inference mode): only sharing it is the bug.
+        # inference tensor could not be written outside inference mode).
         with torch.inference_mode(False), torch.no_grad():
-            staging = _STAGING.get(key)
+            staging = staging_of.get(key)
             if staging is None or staging.shape[0] < gathered.shape[0]:
-                staging = _STAGING[key] = torch.empty(gathered.shape, dtype=gathered.dtype, device=gathered.device)
+                staging = staging_of[key] = torch.empty(gathered.shape, dtype=gathered.dtype, device=gathered.device)
             staged = staging[:gathered.shape[0]]
             staged.copy_(gathered)
         return torch.empty_like(gathered).copy_(staged)
 
     return tuple(take(position, buf) for position, buf in enumerate(buffers))  # type: ignore[return-value]
+
+
+@MUTANTS.add("shared-workspace", bug="gathers into a staging buffer kept per buffer, dtype and row shape in a "
+             "module-level dict and hands out copies of it: right for one caller at a time, but two threads "
+             "gathering at once copy out each other's rows")
+def shared_workspace(indices, *buffers) -> GatherOutputs:
+    return _through_workspace(_STAGING, indices, buffers)
+
+
+_THREAD_STAGING = threading.local()
+
+
+# Judged on the emulated backend only: there the old workspace is a captured tensor its owner released, refused at
+# replay. On CUDA the stale graph writes and reads the freed block within one replay, so its values stay right; only
+# another tensor the allocator placed there would show it, and nothing yet checks free memory after a replay.
+@MUTANTS.add("workspace-regrown", bug="gathers through a workspace of its own thread, allocated anew when a call "
+             "brings more indices than it holds: every eager call is right, but a graph captured before the growth "
+             "keeps the old workspace's address, freed since and handed to other data (TensorRT-LLM #16319)",
+             backends={"emulated"})
+def workspace_regrown(indices, *buffers) -> GatherOutputs:
+    staging_of = vars(_THREAD_STAGING).setdefault("staging", {})
+    return _through_workspace(staging_of, indices, buffers)
 
 
 # dynamic=False: one graph per index count (dynamo's automatic dynamic shapes switched off with it).

@@ -29,3 +29,22 @@ def test_replay_after_refilling_indices_and_sources(check_gather, graph_backend,
                 buffer.copy_(random_values(buffer.shape, buffer.dtype, generator=generator))
         check_gather.replay(graph, *inputs.args, **case.describe(), replay=replay,
                             refilled_indices=inputs.indices.tolist())
+
+
+@pytest.mark.clause("in-graph")
+def test_graphs_of_growing_index_counts_each_keep_their_own_memory(check_gather, graph_backend, device):
+    """An engine captures one graph per batch size, smallest first (TensorRT-LLM #16319: a workspace grown for a later,
+    larger capture left earlier graphs reading the old one's address). Each size gets its eager warm-up step and its
+    capture in turn; then every graph, replayed on refilled indices, in rounds, must still equal eager."""
+    cases = [GatherCase(pool=64, count=count, seed=30 + count) for count in (3, 9, 27)]
+    built = [case.build(device) for case in cases]
+    graphs = []
+    for case, inputs in zip(cases, built):
+        check_gather.args(*inputs.args, case=case, call="warm-up")
+        graphs.append(check_gather.capture(graph_backend, *inputs.args, **case.describe()))
+    generator = torch.Generator().manual_seed(31)
+    for replay in range(2):
+        for case, inputs, graph in zip(cases, built, graphs):
+            inputs.indices.copy_(torch.randint(0, case.pool, (case.count,), generator=generator))
+            check_gather.replay(graph, *inputs.args, **case.describe(), replay=replay,
+                                capture_order=[c.count for c in cases])

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from harness.gather import GatherCase
-from harness.gather.cases import random_values
+from harness.gather.cases import BufferSpec, random_values
 
 pytestmark = pytest.mark.clause("in-graph")
 
@@ -36,7 +36,11 @@ def test_graphs_of_growing_index_counts_each_keep_their_own_memory(check_gather,
     """An engine captures one graph per batch size, smallest first (TensorRT-LLM #16319: a workspace grown for a later,
     larger capture left earlier graphs reading the old one's address). Each size gets its eager warm-up step and its
     capture in turn; then every graph, replayed on refilled indices, in rounds, must still equal eager."""
-    cases = [GatherCase(pool=64, count=count, seed=30 + count) for count in (3, 9, 27)]
+    # Row shapes no other test uses, so that a workspace kept per shape is this test's own and grows here; the last
+    # count is larger than any other test's, for a workspace kept per dtype alone.
+    shapes = dict(topk_p=BufferSpec((5,), torch.float32), topk_index=BufferSpec((5,), torch.int64),
+                  hidden=BufferSpec((37,), torch.bfloat16))
+    cases = [GatherCase(pool=64, count=count, seed=30 + count, **shapes) for count in (3, 9, 4099)]
     built = [case.build(device) for case in cases]
     graphs = []
     for case, inputs in zip(cases, built):

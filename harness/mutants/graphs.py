@@ -9,6 +9,7 @@ import copy
 import dataclasses
 import gc
 import warnings
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -792,6 +793,45 @@ class _WeakArgumentsGraph(BreakableGraph):
 class BreakArgumentsHeldWeakly(GraphCapturer):
     session_class = _WeakArgumentsSession
     graph_class = _WeakArgumentsGraph
+
+
+class _WeakOutputTensor(_WeakTensor):
+    """A graph's output held as a weak reference: the tensor itself while anyone else holds it, after that an alias at
+    its address that owns nothing, made in the autograd mode the output was made in."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        super().__init__(tensor)
+        self.tensor = weakref.ref(tensor)
+        self.inference = tensor.is_inference()
+
+    def resolve(self) -> torch.Tensor:
+        tensor = self.tensor()
+        if tensor is not None:
+            return tensor
+        # By address on every device: a storage object revived from the weak reference would own the block again.
+        storage = torch._C._construct_storage_from_data_pointer(self.address, self.device, self.nbytes)
+        offset, shape, stride = self.geometry
+        with torch.inference_mode(self.inference), torch.no_grad():
+            return torch.empty((0,), dtype=self.dtype, device=self.device).set_(storage, offset, shape, stride)
+
+
+class _WeakOutputGraph(BreakableGraph):
+    @property  # type: ignore[override]
+    def output(self) -> Any:
+        kept = self._kept
+        return kept.resolve() if isinstance(kept, _WeakOutputTensor) else kept
+
+    @output.setter
+    def output(self, value: Any) -> None:
+        self._kept = _WeakOutputTensor(value) if isinstance(value, torch.Tensor) and value.numel() else value
+
+
+@MUTANTS.add("output-held-weakly", bug="keeps a tensor output of the graph as a weak reference only, as a runner that "
+             "keeps weak_ref_tensor views of its graphs' outputs (TensorRT-LLM #17010): once the program holds no "
+             "reference to it, its block in the shared pool is free, a later capture re-carves it, and the output "
+             "reads that graph's data after it replays")
+class OutputHeldWeakly(GraphCapturer):
+    graph_class = _WeakOutputGraph
 
 
 class _DroppedHandlerSession(CaptureSession):

@@ -166,3 +166,33 @@ def test_graphs_captured_without_a_pool_keep_their_outputs(graph_oracle, make_te
     oracle.replay(first_graph, first.eager, inputs=[first.x, *weights], exact=exact, bucket=BUCKETS[0])
     assert_equivalent(second_graph.output, second.eager(), exact=exact, context={
         "checking": f"the output of bucket {BUCKETS[1]} after bucket {BUCKETS[0]}, captured without a pool, replayed"})
+
+
+@pytest.mark.parametrize("program", ["matmul-then-add", "through-a-break"])
+def test_a_graphs_output_outlives_later_captures_into_the_pool(graph_oracle, make_tensor, exact, program):
+    """TensorRT-LLM #17010: a graph's output is what it hands out, so its block must stay the graph's whether or not
+    the program keeps a reference to it; a capturer that holds it weakly lets the next capture into the pool carve
+    it. Two graphs of one shape captured into one pool, then replayed in capture order: the first one's output must
+    still be its own after the second replayed."""
+    oracle = graph_oracle.fresh()
+    weight = make_tensor(WIDTH, WIDTH, seed=41) * 0.25
+    inputs = [make_tensor(BUCKETS[0], WIDTH, seed=42 + index) for index in range(2)]
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        h = x @ weight  # freed inside the capture: the first free block a later capture takes
+        if program == "through-a-break":
+            h = mix(h)
+        return h + 1  # nothing but the graph holds this once the capture returns
+
+    pool = oracle.new_pool()
+    graphs = [oracle.capture(lambda x=x: forward(x), pool=pool, graph=index) for index, x in enumerate(inputs)]
+    for index, (graph, x) in enumerate(zip(graphs, inputs)):
+        oracle.replay(graph, lambda x=x: forward(x), inputs=[x, weight], exact=exact, graph=index)
+    assert_equivalent(graphs[0].output, forward(inputs[0]), exact=exact, context={
+        "checking": "the first graph's output after the second graph, captured later into the same pool, replayed",
+        "program": program})
+
+
+@eager_on_graph
+def mix(h: torch.Tensor) -> torch.Tensor:
+    return torch.tanh(h)

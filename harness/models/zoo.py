@@ -14,6 +14,7 @@ from torch import nn
 
 from harness.batch import ForwardBatch, forward_context
 from harness.errors import UsageError
+from harness.models.cross_token import CrossTokenLM
 from harness.models.engine import (
     CausalLM,
     EngineModel,
@@ -23,7 +24,6 @@ from harness.models.engine import (
     ModelConfig,
     SideInputEngineModel,
 )
-from harness.models.cross_token import CrossTokenLM
 from harness.models.index_checked import IndexCheckedLM
 from harness.models.paged import PagedDecoderLM
 from harness.models.recurrent import RecurrentStateLM

@@ -834,6 +834,16 @@ class OutputHeldWeakly(GraphCapturer):
     graph_class = _WeakOutputGraph
 
 
+@MUTANTS.add("keeps-every-graph", bug="keeps every graph it captured in a list of its own (for a reset of them all "
+             "later): a graph the program drops, with its pool and its output, is never released, and a runner that "
+             "captures a bucket again grows by one graph each time")
+class KeepsEveryGraph(GraphCapturer):
+    def capture(self, fn: Callable[[], Any], *, pool: Any = None, warmup_runs: int = 1) -> BreakableGraph:
+        graph = super().capture(fn, pool=pool, warmup_runs=warmup_runs)
+        vars(self).setdefault("_captured", []).append(graph)
+        return graph
+
+
 class _DroppedHandlerSession(CaptureSession):
     def run_break(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         self.end_segment()

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 from harness.compare import assert_equivalent
 from harness.graphs import eager_on_graph
+from harness.oracle import footprint
 from harness.plugin.profiles import capped_examples
 
 pytestmark = pytest.mark.clause("pools")
@@ -196,3 +197,27 @@ def test_a_graphs_output_outlives_later_captures_into_the_pool(graph_oracle, mak
 @eager_on_graph
 def mix(h: torch.Tensor) -> torch.Tensor:
     return torch.tanh(h)
+
+
+def test_a_dropped_graph_keeps_no_memory(graph_oracle, make_tensor):
+    """Engines drop graphs: a bucket captured again, a runner reset, a model unloaded. Once the program drops a graph
+    and its output and collects, the process holds what it held before the capture (its tensors, their bytes, the
+    device allocator's bytes): the graph's pool, its segments' tensors and its breaks' records go with it. The first
+    capture may create what any capture creates once (a lazily made handle); the later ones are measured."""
+    x = make_tensor(1 << 12, seed=43)
+    program = lambda: mix(x * 2) + 1  # noqa: E731
+
+    def capture_replay_and_drop(attempt: int) -> None:
+        oracle = graph_oracle.fresh()  # holds the graph and its output for its checks: dropped with it
+        graph = oracle.capture(program, attempt=attempt)
+        oracle.replay(graph, lambda: torch.tanh(x * 2) + 1, inputs=[x], attempt=attempt)
+
+    capture_replay_and_drop(0)
+    before = footprint()
+    for attempt in (1, 2):
+        capture_replay_and_drop(attempt)
+    kept = footprint() - before
+    assert (kept.tensors, kept.tensor_bytes, kept.device_bytes) == (0, 0, 0), (
+        f"two graphs captured, replayed and dropped left the process holding {kept.tensors} more tensors, "
+        f"{kept.tensor_bytes} more bytes of tensor storage and {kept.device_bytes} more device bytes: the capturer "
+        "keeps what a dropped graph allocated")

@@ -758,6 +758,10 @@ class _WeakTensor:
         else:
             raise ReplayError("a break argument held by a weak reference was released, and host memory cannot be "
                               "read after it is freed")
+        return self.over(storage)
+
+    def over(self, storage: torch.UntypedStorage) -> torch.Tensor:
+        """A tensor of the held geometry and dtype over ``storage``."""
         offset, shape, stride = self.geometry
         with torch.no_grad():
             return torch.empty((0,), dtype=self.dtype, device=self.device).set_(storage, offset, shape, stride)
@@ -809,10 +813,8 @@ class _WeakOutputTensor(_WeakTensor):
         if tensor is not None:
             return tensor
         # By address on every device: a storage object revived from the weak reference would own the block again.
-        storage = torch._C._construct_storage_from_data_pointer(self.address, self.device, self.nbytes)
-        offset, shape, stride = self.geometry
-        with torch.inference_mode(self.inference), torch.no_grad():
-            return torch.empty((0,), dtype=self.dtype, device=self.device).set_(storage, offset, shape, stride)
+        with torch.inference_mode(self.inference):
+            return self.over(torch._C._construct_storage_from_data_pointer(self.address, self.device, self.nbytes))
 
 
 class _WeakOutputGraph(BreakableGraph):

@@ -59,7 +59,8 @@ def add_options(parser: pytest.Parser) -> None:
     option("--hazard-amplifiers", choices=("on", "off"), default="on",
            help="on CUDA, fill the memory nobody owns with NaN bytes before each checked call and after each "
                 "capture, and start every side stream's work late, so that a read of released or unwritten memory, "
-                "or of a stream nobody waited for, fails instead of passing by chance (harness.hazards; default on)")
+                "or of a stream nobody waited for, fails instead of passing by chance; on any device, the pad-row "
+                "tests also make every fresh allocation NaN (harness.hazards; default on)")
     option("--golden-dir", metavar="PATH", default=None,
            help="keep the suites' goldens in PATH (an engine's own, mirroring the suites' layout) instead of the "
                 f"harness's golden/ folder: read there, written there by --snapshot-update (ini: {GOLDEN_DIR_INI}; "

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
 import gc
 import warnings
 import weakref
@@ -843,6 +844,25 @@ class KeepsEveryGraph(GraphCapturer):
     def capture(self, fn: Callable[[], Any], *, pool: Any = None, warmup_runs: int = 1) -> BreakableGraph:
         graph = super().capture(fn, pool=pool, warmup_runs=warmup_runs)
         vars(self).setdefault("_captured", []).append(graph)
+        return graph
+
+
+class _CarriedStepsSession(CaptureSession):
+    def __init__(self, backend: Any, pool: Any, *, steps: list[Any]) -> None:
+        super().__init__(backend, pool)
+        self.steps = steps  # the capturer's recording list, kept from its earlier captures
+
+
+@MUTANTS.add("capture-steps-carried", bug="the capturer records every capture into one list it keeps (cleared only "
+             "when it is built), so a graph captured after another holds the earlier graph's segments and breaks "
+             "too (SGLang PR 32288's class: state of one capture recorded into a later one): B captured after A "
+             "replays A first and rewrites A's output from A's inputs of the moment, where B captured alone does not")
+class CaptureStepsCarried(GraphCapturer):
+    def capture(self, fn: Callable[[], Any], *, pool: Any = None, warmup_runs: int = 1) -> BreakableGraph:
+        steps = vars(self).setdefault("_recording", [])
+        self.session_class = functools.partial(_CarriedStepsSession, steps=steps)  # type: ignore[assignment]
+        graph = super().capture(fn, pool=pool, warmup_runs=warmup_runs)
+        graph.steps = list(steps)
         return graph
 
 

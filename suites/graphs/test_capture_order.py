@@ -6,7 +6,9 @@ after A differs from B captured alone), or whose graphs still use memory of a gr
 that depend on that history. Each bucket here is captured alone into a pool of its own and replayed on fixed inputs:
 its output is the reference of that bucket. Then the buckets are captured into one shared pool in a drawn order, one
 is dropped (and perhaps captured again), and every graph left, replayed on the same inputs in capture order (the
-pool's contract), must give that output bit for bit, besides equalling eager."""
+pool's contract), must give that output bit for bit, besides equalling eager; and it must keep it while the other
+graphs replay after it and the caller stages its next inputs (a later graph that replays an earlier one's steps
+would rewrite it)."""
 
 from __future__ import annotations
 
@@ -86,3 +88,9 @@ def test_a_graph_is_the_same_whatever_was_captured_before_it_and_dropped_since(g
         assert_equivalent(graphs[index].output, alone[index], exact=True, context={
             "checking": f"bucket {BUCKETS[index]} captured into a shared pool against the same bucket captured alone, "
                         "on the same inputs", **where})
+        # The caller stages this bucket's next batch: a replay of another graph must not compute from it.
+        buckets[index].x.copy_(make_tensor(BUCKETS[index], WIDTH, seed=seed + 100 + index))
+    for index in capture_order:
+        assert_equivalent(graphs[index].output, alone[index], exact=True, context={
+            "checking": f"bucket {BUCKETS[index]}'s output after every graph of the pool replayed once, in capture "
+                        "order, and its own next inputs were staged", **where})

@@ -757,8 +757,8 @@ class _WeakTensor:
         elif self.device.type == "cuda":
             storage = torch._C._construct_storage_from_data_pointer(self.address, self.device, self.nbytes)
         else:
-            raise ReplayError("a break argument held by a weak reference was released, and host memory cannot be "
-                              "read after it is freed")
+            raise ReplayError("a tensor a break reads or writes, held by a weak reference, was released, and host "
+                              "memory cannot be read after it is freed")
         return self.over(storage)
 
     def over(self, storage: torch.UntypedStorage) -> torch.Tensor:
@@ -798,6 +798,30 @@ class _WeakArgumentsGraph(BreakableGraph):
 class BreakArgumentsHeldWeakly(GraphCapturer):
     session_class = _WeakArgumentsSession
     graph_class = _WeakArgumentsGraph
+
+
+class _WeakBreakOutputSession(CaptureSession):
+    def run_break(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        output = super().run_break(fn, args, kwargs)
+        self.steps[-1].output = _weakly(output)  # what the break returned: the program's, not the graph's
+        return output
+
+
+class _WeakBreakOutputGraph(BreakableGraph):
+    def replay_break(self, step: Break) -> None:
+        if not isinstance(step.output, _WeakTensor):
+            super().replay_break(step)
+            return
+        write_back(step.output.resolve(), step.fn(*step.args, **step.kwargs))
+
+
+@MUTANTS.add("break-output-held-weakly", bug="a break's tensor output, allocated in the eager region outside the "
+             "graph's pool, is kept as a weak reference (SGLang #30584, TensorRT-LLM PR 17500): once the program "
+             "drops it the caching allocator hands its block to a later allocation, and every replay copies the "
+             "break's result into that reassigned address, over whatever lives there now")
+class BreakOutputHeldWeakly(GraphCapturer):
+    session_class = _WeakBreakOutputSession
+    graph_class = _WeakBreakOutputGraph
 
 
 class _WeakOutputTensor(_WeakTensor):

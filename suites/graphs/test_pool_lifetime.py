@@ -221,3 +221,26 @@ def test_a_dropped_graph_keeps_no_memory(graph_oracle, make_tensor):
         f"two graphs captured, replayed and dropped left the process holding {kept.tensors} more tensors, "
         f"{kept.tensor_bytes} more bytes of tensor storage and {kept.device_bytes} more device bytes: the capturer "
         "keeps what a dropped graph allocated")
+
+
+@pytest.mark.parametrize("pools", ["own pools", "one pool"])
+def test_a_breaks_output_stays_the_graphs_when_the_program_drops_it(graph_oracle, make_tensor, exact, pools):
+    """SGLang #30584: a break's output is allocated in the eager region, outside the graph's pool, and the segment
+    after the break reads it at its address; once the program drops it only the graph holds it. A capturer that holds
+    it weakly lets the allocator hand its block to a later allocation, on CUDA the next capture's (the same stream),
+    and every replay copies the break's result over that. The first graph drops its break's output; the second
+    returns its break's output, of the same size. Replaying the first must leave the second's output as it was."""
+    oracle = graph_oracle.fresh()
+    weight = make_tensor(WIDTH, WIDTH, seed=51) * 0.25
+    first_x, second_x = (make_tensor(BUCKETS[0], WIDTH, seed=52 + index) for index in range(2))
+    first = lambda: mix(first_x @ weight) + 1  # noqa: E731 - the break's output is dropped after the next segment
+    second = lambda: mix(second_x @ weight)  # noqa: E731 - the break's output is what the graph hands out
+    pool = oracle.new_pool() if pools == "one pool" else None
+    first_graph = oracle.capture(first, pool=pool, graph="first")
+    second_graph = oracle.capture(second, pool=pool, graph="second")
+    oracle.replay(second_graph, second, inputs=[second_x, weight], exact=exact, graph="second")
+    first_x.copy_(make_tensor(BUCKETS[0], WIDTH, seed=54))
+    oracle.replay(first_graph, first, inputs=[first_x, weight], exact=exact, graph="first")
+    assert_equivalent(second_graph.output, second(), exact=exact, context={
+        "checking": "the second graph's output (its break's output) after the first graph, whose break's output the "
+                    "program dropped, replayed", "pools": pools})

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from harness.batch import ForwardBatch, current_batch
+from harness.batch import current_batch
 from harness.graphs import eager_on_graph
 from harness.models.engine import CausalLM, DecoderLayer, ModelConfig, SideInputEngineModel
 
@@ -53,20 +53,10 @@ class CrossTokenDecoderLayer(DecoderLayer):
 class CrossTokenEngineModel(SideInputEngineModel):
     """The side-input stack with :class:`CrossTokenDecoderLayer` layers, which mix rows."""
 
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__(config)
-        self.layers = torch.nn.ModuleList(CrossTokenDecoderLayer(config) for _ in range(config.num_layers))
+    layer_class = CrossTokenDecoderLayer
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch,
-                input_embeds: torch.Tensor | None = None, *,
-                deepstack_embeds: torch.Tensor | None = None) -> torch.Tensor:
-        hidden = self.embed(input_ids, input_embeds)
-        row_mask = live_row_mask(hidden)
-        for index, layer in enumerate(self.decoder_layers):
-            hidden = layer(positions, hidden, row_mask)
-            if index == self.config.side_input_layer and deepstack_embeds is not None:
-                hidden = hidden + deepstack_embeds
-        return self.norm(hidden)
+    def layer_arguments(self, hidden: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (live_row_mask(hidden),)
 
 
 class CrossTokenLM(CausalLM):

@@ -210,15 +210,18 @@ class EngineModel(nn.Module):
     """The layer stack: embedding, decoder layers, final norm; returns hidden states ``[tokens, hidden]``.
 
     ``layers_attribute`` names where the layers live (``layers`` in most engines, ``h`` in GPT-2
-    style stacks); discovery tests use it.
+    style stacks); discovery tests use it. A stack of other layers sets ``layer_class``, and
+    :meth:`layer_arguments` for what its layers take after ``(positions, hidden)``.
     """
+
+    layer_class: type[nn.Module] = DecoderLayer
 
     def __init__(self, config: ModelConfig, *, layers_attribute: str = "layers") -> None:
         super().__init__()
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers_attribute = layers_attribute
-        setattr(self, layers_attribute, nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers)))
+        setattr(self, layers_attribute, nn.ModuleList(self.layer_class(config) for _ in range(config.num_layers)))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     @property
@@ -228,11 +231,16 @@ class EngineModel(nn.Module):
     def embed(self, input_ids: torch.Tensor, input_embeds: torch.Tensor | None) -> torch.Tensor:
         return self.embed_tokens(input_ids) if input_embeds is None else input_embeds
 
+    def layer_arguments(self, hidden: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """What every layer takes after ``(positions, hidden)``, computed once per forward from the embeddings."""
+        return ()
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch,
                 input_embeds: torch.Tensor | None = None) -> torch.Tensor:
         hidden = self.embed(input_ids, input_embeds)
+        extra = self.layer_arguments(hidden)
         for layer in self.decoder_layers:
-            hidden = layer(positions, hidden)
+            hidden = layer(positions, hidden, *extra)
         return self.norm(hidden)
 
 
@@ -246,8 +254,9 @@ class SideInputEngineModel(EngineModel):
                 input_embeds: torch.Tensor | None = None, *,
                 deepstack_embeds: torch.Tensor | None = None) -> torch.Tensor:
         hidden = self.embed(input_ids, input_embeds)
+        extra = self.layer_arguments(hidden)
         for index, layer in enumerate(self.decoder_layers):
-            hidden = layer(positions, hidden)
+            hidden = layer(positions, hidden, *extra)
             if index == self.config.side_input_layer and deepstack_embeds is not None:
                 hidden = hidden + deepstack_embeds
         return self.norm(hidden)

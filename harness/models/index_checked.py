@@ -193,9 +193,7 @@ class _IndexCheckedLayer(DecoderLayer):
 class _IndexCheckedStack(EngineModel):
     """The layer stack: it takes the per-token request-pool slots as a keyword, so they are a graph input."""
 
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__(config)
-        self.layers = nn.ModuleList(_IndexCheckedLayer(config) for _ in range(config.num_layers))
+    layer_class = _IndexCheckedLayer
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch,  # type: ignore[override]
                 input_embeds: torch.Tensor | None = None, *, token_slots: torch.Tensor) -> torch.Tensor:

@@ -25,6 +25,7 @@ _CAPTURE_FAILURE_MARKERS = (
     "not permitted when stream is capturing",
     "operation not permitted",
     "during CUDA graph capture",
+    "uncaptured work",  # cudaErrorStreamCaptureIsolation: a wait on a stream outside the capture
 )
 
 
@@ -144,7 +145,8 @@ class CudaBackend(GraphBackend):
         ):
             return CaptureError(
                 "CUDA refused an operation during graph capture (a host synchronisation such as .item(), "
-                "a data-dependent shape such as nonzero, or a copy to the host). CUDA said: "
+                "a data-dependent shape such as nonzero, a copy to the host, or a wait on a stream outside the "
+                "capture). CUDA said: "
                 + text.strip().splitlines()[0]
             )
         return error

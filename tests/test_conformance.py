@@ -25,6 +25,11 @@ TABLE = (Clause("toy", "stale", CORE, "no stale reads"), Clause("toy", "cast", C
          Clause("toy", "reentrant", STRICT, "refuses nesting"))
 
 
+STALE_READ = ("harness.errors.MismatchError: toy: observably different from eager (harness.oracle):\n"
+              "  values: tensors differ at ['replay()'] (exact): 3 / 8 elements mismatch (37.5%)\n"
+              "  implementations: {'toy': 'mutant:x'}\n  backend: emulated")
+
+
 def _records() -> list[dict]:
     collected = [{"collected": f"suites/toy/test_a.py::test_{n}", "clause": c}
                  for n, c in [("1", "stale"), ("2", "stale"), ("3", "cast"), ("4", "warm"), ("5", "raises"),
@@ -37,7 +42,7 @@ def _records() -> list[dict]:
     return collected + [
         phase("1", "setup", "passed", "stale"), phase("1", "call", "passed", "stale"),
         phase("2", "setup", "passed", "stale"), phase("2", "call", "passed", "stale"),
-        phase("2", "teardown", "failed", "stale", message="leaked a capture", example="", reproduce="pytest x"),
+        phase("2", "teardown", "failed", "stale", message=STALE_READ, example="", reproduce="pytest x"),
         phase("3", "setup", "passed", "cast"), phase("3", "call", "passed", "cast"),
         phase("4", "setup", "skipped", "warm", reason="Skipped: the emulated backend does not model warm-up"),
         phase("5", "setup", "passed", "raises"),
@@ -61,15 +66,15 @@ def test_each_clause_gets_its_verdict_core_first():
     assert [r.tier for r in report.results] == [CORE, CORE, CORE, STRICT, STRICT]
     stale = report.results[0]
     assert stale.first_failure == {"nodeid": "suites/toy/test_a.py::test_2", "when": "teardown",
-                                   "message": "leaked a capture", "example": "", "reproduce": "pytest x"}
+                                   "message": STALE_READ, "example": "", "reproduce": "pytest x"}
     assert report.results[2].skip_reason == "the emulated backend does not model warm-up"
     assert report.unclassified == ["suites/toy/test_a.py::test_6"] and not report.ok
 
 
 def test_headlines_name_core_violations_first_and_say_all_held_otherwise():
     report = _report()
-    assert report.headline(CORE) == "core: VIOLATED (results can be wrong): stale"
-    assert report.headline(STRICT) == "strict: VIOLATED: raises"
+    assert report.headline(CORE) == "core: VIOLATED (results can be wrong): stale (wrong values)"
+    assert report.headline(STRICT) == "strict: VIOLATED: raises (loud refusal)"
     held = conformance.build_report([r for r in _records() if r.get("nodeid", r.get("collected")).endswith(("_1",
                                      "_3", "_4"))], TABLE, component="toy", spec="reference", kind="reference",
                                     engine="", device="cpu", graph_backend="emulated", environment={}, command="")
@@ -82,8 +87,10 @@ def test_markdown_and_json_carry_the_first_falsifying_example(tmp_path):
     markdown, document = conformance.write_report(_report(), tmp_path)
     assert markdown.name == "conformance-toy-mutant_x.md" and document.name == "conformance-toy-mutant_x.json"
     text = markdown.read_text()
-    assert "**core: VIOLATED (results can be wrong): stale**" in text
-    assert "| strict | `raises` | **violated** | 0/1 | `test_a.py::test_5`: RuntimeError: not ReplayError |" in text
+    assert "**core: VIOLATED (results can be wrong): stale (wrong values)**" in text
+    assert ("| strict | `raises` | **violated**: loud refusal | 0/1 | `test_a.py::test_5`: RuntimeError: not "
+            "ReplayError |") in text
+    assert "| F1 | wrong values | values: tensors differ at ['replay()'] | 1 | `stale` (1) |" in text
     assert "Falsifying example: test_5(seed=3)" in text and "pytest y --reproduce-failure 1:AA" in text
     data = json.loads(document.read_text())
     assert data["summary"]["core_violations"] == ["stale"] and data["summary"]["strict_violations"] == ["raises"]
@@ -105,7 +112,7 @@ def test_a_clause_the_engine_documents_away_is_neither_held_nor_violated(tmp_pat
                                 "where": "toy.py, ToyGraph", "note": "the toy engine never refreshes"}
     assert report.headline(CORE) == ("core: all held (1 clauses); documented away by the engine: stale; not run here: "
                                      "warm (the emulated backend does not model warm-up)")
-    assert report.headline(STRICT) == "strict: VIOLATED: raises"  # the other clauses are judged as before
+    assert report.headline(STRICT) == "strict: VIOLATED: raises (loud refusal)"  # the others judged as before
     text = conformance.format_text(report)
     assert ('documented away stale: "Reads after a replay see capture-time values." (toy.py, ToyGraph); the toy '
             'engine never refreshes') in text
@@ -175,7 +182,7 @@ def test_a_failure_outside_the_engines_documented_contract_is_not_counted_agains
     # counted, so "cast" rests on one of its one counted test's stand-ins, "raises" on one of two
     stand = {r.clause: (r.on_stand_ins, r.stand_ins) for r in report.results if r.stand_ins}
     assert stand == {"cast": (1, ["toy.weak_ref (Python, for a compiled op)"]), "raises": (1, ["toy.bindings"])}
-    assert "| strict | `raises` | **violated** (rests on stand-ins) | 1/2 |" in written
+    assert "| strict | `raises` | **violated**: wrong state left behind (rests on stand-ins) | 1/2 |" in written
     assert "### Verdicts that rest on stand-ins" in written
     assert "- `cast` (1 of 1 tests): toy.weak_ref (Python, for a compiled op)" in written
     assert "rests on stand-ins: raises (1 of 2 tests): toy.bindings" in conformance.format_text(report)
@@ -223,7 +230,8 @@ def test_every_failing_test_of_a_violated_clause_is_listed(tmp_path):
         2, ["suites/toy/test_a.py::test_2", "suites/toy/test_a.py::test_7"])
     assert stale.first_failure == stale.failures[0]
     markdown, document = conformance.write_report(report, tmp_path)
-    assert ("Every failing test of `stale`:\n\n- `test_a.py::test_2`: leaked a capture\n"
+    assert ("Every failing test of `stale`:\n\n- `test_a.py::test_2`: harness.errors.MismatchError: toy: observably "
+            "different from eager (harness.oracle):\n"
             "- `test_a.py::test_7`: AssertionError: 3 of 8 elements differ\n") in markdown.read_text()
     assert "Every failing test of `raises`" not in markdown.read_text()  # one failure: nothing to add
     assert len(json.loads(document.read_text())["results"][0]["failures"]) == 2
@@ -240,7 +248,9 @@ def test_a_run_of_a_mutant_reports_the_clause_it_breaks(tmp_path, request):
     failure = next(r for r in report.results if r.clause == "changes-raise").first_failure
     assert "test_break_output_change_at_replay_raises_then_recovers" in failure["nodeid"]
     assert failure["message"] and "--impl graphs=mutant:structure-change-accepted" in failure["reproduce"]
-    assert report.headline(CORE) == "core: VIOLATED (results can be wrong): changes-raise"
+    # the mutant accepts the change silently: no test saw the values go wrong, so the report does not say they can
+    assert report.headline(CORE) == ("core: VIOLATED (no test saw wrong values): changes-raise (wrong state left "
+                                     "behind)")
     # A line for a committed report: nothing of this machine's checkout or interpreter in it, the test named as
     # installed suites have it (a wheel has no ./suites), and run from a checkout it reproduces the failure.
     assert str(ROOT) not in failure["reproduce"] and sys.executable not in failure["reproduce"]
@@ -264,7 +274,8 @@ def test_a_run_of_a_runner_mutant_reports_the_clause_it_breaks():
     failure = next(r for r in report.results if r.clause == "forward-restored").first_failure
     assert failure["nodeid"].endswith("test_forward_restored_after_an_error_and_runner_still_usable[BaseException]")
     assert "--impl runner=mutant:restore-on-exception-only" in failure["reproduce"]
-    assert report.headline(CORE) == "core: VIOLATED (results can be wrong): forward-restored"
+    assert report.headline(CORE) == ("core: VIOLATED (no test saw wrong values): forward-restored (wrong state left "
+                                     "behind)")
 
 
 # The first reproduce line as the H200 recorded it in docs/conformance/sglang-0.5.23-gather.md, before lines were

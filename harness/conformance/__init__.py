@@ -22,6 +22,7 @@ import torch
 
 from harness import components, impls
 from harness.conformance import clauses as _clauses
+from harness.conformance import findings as _findings
 from harness.devices import resolve
 from harness.errors import HarnessError
 from harness.plugin import child_runs
@@ -62,6 +63,8 @@ class ClauseResult:
     # reached (clauses.rests_on_stand_in): the verdict rests on them as much as on the engine's code.
     stand_ins: list[str] = dataclasses.field(default_factory=list)
     on_stand_ins: int = 0
+    # The worst severity among the findings counted against it (harness.conformance.findings); empty if none.
+    severity: str = ""
 
 
 @dataclasses.dataclass
@@ -77,6 +80,8 @@ class ConformanceReport:
     results: list[ClauseResult]
     unclassified: list[str]  # tests without a known clause
     stopped: str = ""  # why the suite did not run to its end (a time limit), or empty
+    # Every failure grouped by cause, worst severity first (harness.conformance.findings).
+    findings: list[_findings.Finding] = dataclasses.field(default_factory=list)
 
     def violations(self, tier: str) -> list[ClauseResult]:
         return [r for r in self.results if r.tier == tier and r.verdict == VIOLATED]
@@ -93,8 +98,12 @@ class ConformanceReport:
         away = self.documented_away(tier)
         away_part = f"; documented away by the engine: {', '.join(r.clause for r in away)}" if away else ""
         if violated:
-            consequence = " (results can be wrong)" if tier == _clauses.CORE else ""
-            return f"{tier}: VIOLATED{consequence}: {', '.join(r.clause for r in violated)}{away_part}"
+            consequence = ""
+            if tier == _clauses.CORE:  # a core clause promises right results; say whether a test saw wrong ones
+                wrong_values = any(r.severity == _findings.WRONG_VALUES for r in violated)
+                consequence = " (results can be wrong)" if wrong_values else " (no test saw wrong values)"
+            clauses = ", ".join(f"{r.clause} ({r.severity})" if r.severity else r.clause for r in violated)
+            return f"{tier}: VIOLATED{consequence}: {clauses}{away_part}"
         not_run = [r for r in self.results if r.tier == tier and r.verdict in (NOT_RUN, NO_TEST, NOT_JUDGED)]
         held = sum(r.tier == tier and r.verdict == HELD for r in self.results)
         line = f"{tier}: all held ({held} clauses){away_part}"
@@ -333,8 +342,15 @@ def build_report(records: list[dict[str, Any]], clause_table: tuple[_clauses.Cla
         results.append(result)
     # Core first, then strict; the table's order within each tier.
     results.sort(key=lambda r: r.tier != _clauses.CORE)
+    findings = _findings.group_findings(
+        [(r.clause, failure, False) for r in results if r.verdict == VIOLATED for failure in r.failures]
+        + [(r.clause, failure, True) for r in results for failure in r.outside])
+    for result in results:
+        if result.verdict == VIOLATED:
+            result.severity = _findings.worst(f.severity for f in findings if result.clause in f.clauses
+                                              and f.severity != _findings.OUTSIDE)
     unclassified = sorted(nodeid for nodeid, t in outcomes.items() if t["clause"] not in known)
-    return ConformanceReport(results=results, unclassified=unclassified, **fields)
+    return ConformanceReport(results=results, unclassified=unclassified, findings=findings, **fields)
 
 
 def _short(text: str, limit: int = 160) -> str:
@@ -381,6 +397,10 @@ def format_text(report: ConformanceReport) -> str:
     """The report for a terminal: the two headlines, then one row per clause."""
     lines = [_title(report), report.headline(_clauses.CORE), report.headline(_clauses.STRICT)]
     lines += [f"INCOMPLETE: {report.stopped}", ""] if report.stopped else [""]
+    for number, finding in enumerate(report.findings, 1):
+        lines.append(f"F{number} [{finding.severity}] {finding.cause} ({len(finding.tests)} tests: "
+                     + ", ".join(f"{clause} {count}" for clause, count in finding.clauses.items()) + ")")
+    lines += [""] if report.findings else []
     rows = [("tier", "clause", "verdict", "tests", "first falsifying example")]
     for r in report.results:
         rows.append((r.tier, r.clause, r.verdict, _tests_passed(r), _example(r)))
@@ -414,10 +434,13 @@ def format_markdown(report: ConformanceReport) -> str:
            *([f"- **incomplete**: {report.stopped}"] if report.stopped else []),
            "",
            "Tiers: **core**: " + _clauses.TIERS[_clauses.CORE] + "; **strict**: " + _clauses.TIERS[_clauses.STRICT]
-           + ".", "", "| tier | clause | verdict | tests passed | first falsifying example |",
-           "| --- | --- | --- | --- | --- |"]
+           + ".", ""]
+    if report.findings:
+        out += _findings_markdown(report.findings)
+    out += ["| tier | clause | verdict | tests passed | first falsifying example |", "| --- | --- | --- | --- | --- |"]
     for r in report.results:
-        verdict = f"**{r.verdict}**" if r.verdict == VIOLATED else r.verdict
+        verdict = f"**{r.verdict}**: {r.severity}" if r.verdict == VIOLATED and r.severity else (
+            f"**{r.verdict}**" if r.verdict == VIOLATED else r.verdict)
         verdict += " (rests on stand-ins)" if r.stand_ins else ""
         out.append(f"| {r.tier} | `{r.clause}` | {verdict} | {_tests_passed(r)} | {_cell(_example(r, code='`'))} |")
     away = report.documented_away()
@@ -469,6 +492,22 @@ def format_markdown(report: ConformanceReport) -> str:
     environment = ", ".join(f"{key} {value}" for key, value in report.environment.items())
     out += ["", f"Run: `{report.command}` ({environment}; implementation kind: {report.kind})."]
     return "\n".join(out) + "\n"
+
+
+def _findings_markdown(findings: list[_findings.Finding]) -> list[str]:
+    """The findings section: one numbered row per cause, then each one's first failure's reproduce line."""
+    out = ["### Findings by cause", "",
+           "Each cause once, worst first: what differed from eager, or what was raised instead of a result. A test "
+           "may show several causes; a clause's verdict below is the worst cause counted against it.", "",
+           "| # | severity | cause | tests | clauses (tests) |", "| --- | --- | --- | --- | --- |"]
+    for number, finding in enumerate(findings, 1):
+        clauses = ", ".join(f"`{clause}` ({count})" for clause, count in finding.clauses.items())
+        out.append(f"| F{number} | {finding.severity} | {_cell(finding.cause)} | {len(finding.tests)} | {clauses} |")
+    reproducible = [(number, f) for number, f in enumerate(findings, 1) if f.first.get("reproduce")]
+    if reproducible:
+        out += ["", "Reproduce each finding (its first failing test):", ""]
+        out += [f"- F{number} `{_test_name(f.first['nodeid'])}`: `{f.first['reproduce']}`" for number, f in reproducible]
+    return out + [""]
 
 
 def _slug(text: str) -> str:

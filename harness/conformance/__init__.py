@@ -506,7 +506,8 @@ def _findings_markdown(findings: list[_findings.Finding]) -> list[str]:
     reproducible = [(number, f) for number, f in enumerate(findings, 1) if f.first.get("reproduce")]
     if reproducible:
         out += ["", "Reproduce each finding (its first failing test):", ""]
-        out += [f"- F{number} `{_test_name(f.first['nodeid'])}`: `{f.first['reproduce']}`" for number, f in reproducible]
+        out += [f"- F{number} `{_test_name(f.first['nodeid'])}`: `{f.first['reproduce']}`"
+                for number, f in reproducible]
     return out + [""]
 
 

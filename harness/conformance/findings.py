@@ -91,7 +91,8 @@ _DIFFERENCES = ("tensors differ", "keys differ", "structure differs", "values di
 def _where(detail: str) -> str | None:
     """A comparison's difference as its kind and the top of its path (``tensors differ at .next_token_logits``,
     ``shape mismatch at ['replay()']``): one cause, whichever member under it differs."""
-    match = re.search(r"(%s) at (\[[^\]]*\]|\.\w+|\S+)" % "|".join(_DIFFERENCES), detail)
+    kinds = "|".join(_DIFFERENCES)
+    match = re.search(rf"({kinds}) at (\[[^\]]*\]|\.\w+|\S+)", detail)
     return f"{match.group(1)} at {match.group(2)}" if match else None
 
 

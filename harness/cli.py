@@ -185,7 +185,7 @@ def _conformance(arguments: argparse.Namespace) -> int:
     report = conformance.run_conformance(component=component, spec=spec, device=arguments.device,
                                          graph_backend=arguments.graph_backend, root=locations.project_root(),
                                          jobs=arguments.jobs, hypothesis_profile=arguments.hypothesis_profile,
-                                         time_limit=arguments.time_limit)
+                                         time_limit=arguments.time_limit, test_order=arguments.test_order)
     print(conformance.format_text(report))
     markdown, document = conformance.write_report(report, arguments.out)
     print(f"\nwritten: {markdown} and {document}")
@@ -305,6 +305,9 @@ def build_parser(prog: str = "python -m harness") -> argparse.ArgumentParser:
                               "derandomized examples, no shrinking, so a failure is reported as found)")
     conform.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
                          help="stop the suite after this long and report what finished (the rest: not run)")
+    conform.add_argument("--test-order", choices=("collected", "reversed"), default="collected",
+                         help="run the tests in collection order or reversed (default collected): each test gets a "
+                              "runner of its own, so two recordings in either order must give the same verdicts")
     conform.add_argument("--out", default="conformance",
                          help="folder for the Markdown and JSON (default ./conformance)")
     mutate = commands.add_parser(

@@ -3,6 +3,10 @@ got, and the report's wording that follows from them."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
 from harness import conformance
 from harness.conformance import findings
 from harness.conformance.clauses import CORE, Clause
@@ -54,6 +58,9 @@ def test_one_cause_is_one_finding_across_tests_and_clauses_worst_first():
     assert findings.worst([]) == ""
 
 
+pytest_plugins = ["pytester"]
+
+ROOT = Path(__file__).resolve().parent.parent
 TABLE = (Clause("toy", "replay", CORE, "replay equals eager"), Clause("toy", "no-grad", CORE, "no grad"))
 
 
@@ -82,3 +89,56 @@ def test_results_can_be_wrong_only_where_a_test_saw_wrong_values():
     assert mixed.headline(CORE) == ("core: VIOLATED (results can be wrong): replay (wrong values), no-grad (wrong "
                                     "state left behind)")
     assert mixed.to_json()["findings"][0]["severity"] == findings.WRONG_VALUES
+
+
+SHARED_RUNNER_SUITE = """
+from harness.conformance.plugin import PerTestInConformance
+
+RUNNERS = PerTestInConformance()
+
+
+class Runner:  # a finding that only a runner's first call shows
+    def __init__(self):
+        self.calls = 0
+
+    def call(self):
+        self.calls += 1
+        return self.calls
+
+
+def test_a():
+    assert RUNNERS.get("runner", Runner).call() == 2
+
+
+def test_b():
+    assert RUNNERS.get("runner", Runner).call() == 2
+"""
+
+
+def test_what_a_suite_shares_between_tests_is_per_test_in_a_conformance_run(pytester, monkeypatch):
+    """Shared between tests, the first-call finding fails whichever test runs first, and only that one; in a
+    conformance run each test has its own, so every test meets it, in either order."""
+    pytester.makepyfile(test_shared=SHARED_RUNNER_SUITE)
+    shared = pytester.runpytest_inprocess("-p", "no:cacheprovider")
+    shared.assert_outcomes(passed=1, failed=1)
+    for order in ("collected", "reversed"):
+        monkeypatch.setenv("HARNESS_CONFORMANCE_ORDER", order)
+        isolated = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-p", "harness.conformance.plugin", "-v")
+        isolated.assert_outcomes(failed=2)
+        names = [line.split("::")[1].split()[0] for line in isolated.outlines if "::test_" in line and "FAILED" in line]
+        assert names[:2] == (["test_a", "test_b"] if order == "collected" else ["test_b", "test_a"])
+
+
+@pytest.mark.slow_child
+def test_verdicts_and_findings_do_not_depend_on_test_order_or_workers():
+    """Two recordings of one suite against a runner mutant, in collection order on one process and reversed on two
+    xdist workers, agree on every verdict, count, severity and finding."""
+    reports = [conformance.run_conformance(
+        component="runner", spec="mutant:restores-a-bound-method", device="cpu", graph_backend="emulated", root=ROOT,
+        extra_args=["-k", "test_hidden_states"], test_order=order, jobs=jobs)
+        for order, jobs in (("collected", 1), ("reversed", 2))]
+    first, second = ([(r.clause, r.verdict, r.passed, r.failed, r.skipped, r.severity) for r in report.results]
+                     for report in reports)
+    assert first == second and any(row[3] for row in first)
+    assert [(f.cause, f.severity, sorted(f.tests)) for f in reports[0].findings] == [
+        (f.cause, f.severity, sorted(f.tests)) for f in reports[1].findings]

@@ -23,6 +23,7 @@ import torch
 from harness import components, impls
 from harness.conformance import clauses as _clauses
 from harness.conformance import findings as _findings
+from harness.conformance import plugin as _plugin
 from harness.devices import resolve
 from harness.errors import HarnessError
 from harness.plugin import child_runs
@@ -156,8 +157,13 @@ def documented_away(component: str, spec: str) -> tuple[_clauses.DocumentedAway,
 
 def run_conformance(*, component: str, spec: str, device: str = "auto", graph_backend: str = "auto",
                     root: Path, jobs: int = 1, hypothesis_profile: str = "ci",
-                    extra_args: list[str] | None = None, time_limit: float | None = None) -> ConformanceReport:
+                    extra_args: list[str] | None = None, time_limit: float | None = None,
+                    test_order: str = "collected") -> ConformanceReport:
     """Run ``component``'s suite against ``spec`` in a child pytest process and build the report.
+
+    Each test gets what the suite otherwise shares between tests of its own (a captured runner:
+    :class:`~harness.conformance.plugin.PerTestInConformance`), so no verdict depends on which tests ran before;
+    ``test_order`` ``reversed`` runs them in reverse, to show it.
 
     Past ``time_limit`` seconds the suite is stopped and the report says so: what finished is
     reported, the rest is not run (an engine's failures can make a suite much slower than the
@@ -175,6 +181,7 @@ def run_conformance(*, component: str, spec: str, device: str = "auto", graph_ba
                        f"--hypothesis-profile={hypothesis_profile}", *(extra_args or []),
                        *([f"--numprocesses={jobs}"] if jobs > 1 else [])])
         environment = dict(child_runs.child_environment(), HARNESS_CONFORMANCE_RECORD=str(record_path))
+        environment[_plugin.ORDER_VARIABLE] = test_order
         finished = child_runs.run(command, cwd=root, environment=environment, time_limit=time_limit)
         returncode, output = finished.returncode, finished.output
         records = child_runs.read_report_log(record_path) + [

@@ -13,7 +13,7 @@ import json
 import os
 import re
 import sys
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import Any
 
 import pytest
@@ -21,6 +21,29 @@ import pytest
 from harness.conformance.clauses import MARKER, running_test_notes
 
 _RECORD = "HARNESS_CONFORMANCE_RECORD"
+#: ``reversed`` runs the collected tests in reverse order (a second recording that proves the verdicts order-free).
+ORDER_VARIABLE = "HARNESS_CONFORMANCE_ORDER"
+# The node id of the test running in this process, kept only where this plugin is loaded (a conformance run).
+_RUNNING: list[str | None] = [None]
+
+
+class PerTestInConformance:
+    """What a suite builds once and shares between its tests (a captured runner and its model), by key. Shared for
+    the whole run, except in a conformance run: there each test gets its own, so that no verdict depends on which
+    tests its process ran before it (a finding that only a runner's first call shows would otherwise fail only the
+    first test to use it)."""
+
+    def __init__(self) -> None:
+        self._entries: dict[Any, Any] = {}
+        self._owner: str | None = None
+
+    def get(self, key: Any, build: Callable[[], Any]) -> Any:
+        if _RUNNING[0] != self._owner:
+            self._entries.clear()
+            self._owner = _RUNNING[0]
+        if key not in self._entries:
+            self._entries[key] = build()
+        return self._entries[key]
 # Where hypothesis's falsifying example starts in a failure (the wording moved between versions),
 # and where its own advice after the example starts.
 _EXAMPLE_START = re.compile(r"^(?:Falsifying (?:explicit )?example:|Failing test case:|state = )", re.MULTILINE)
@@ -45,6 +68,8 @@ def _append(record: dict[str, Any]) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get(ORDER_VARIABLE) == "reversed":  # every xdist worker collects the same reversed list
+        items.reverse()
     for item in items:
         clause = clause_of(item)
         item.user_properties.append(("clause", clause))
@@ -80,6 +105,7 @@ def _short_path(path: str) -> str:
 
 def pytest_runtest_logstart(nodeid: str, location: tuple[str, int | None, str]) -> None:
     running_test_notes(clear=True)  # what adapters and stand-ins say of this test, not of the one before
+    _RUNNING[0] = nodeid
 
 
 # Outermost (tryfirst): its part after the yield runs after the harness plugin's, which adds the reproduce line.

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from harness.compare import assert_equivalent
+from harness.conformance.plugin import PerTestInConformance
 from harness.models import build_model
 from harness.oracle import Checker, context_key
 from harness.plugin.failures import failure_context as context_of
@@ -41,23 +42,24 @@ def build_runner(runner_factory: Callable[..., Any], graph_capturer: Any,
 
 @pytest.fixture(scope="session")
 def zoo_runner(build_runner: Callable[..., Any], device: torch.device) -> Callable[..., tuple[Any, Any]]:
-    """``zoo_runner(name, dtype)`` -> ``(model, runner)``, captured once per session.
+    """``zoo_runner(name, dtype)`` -> ``(model, runner)``, captured once per session (once per test in a
+    conformance run: ``harness.conformance.plugin.PerTestInConformance``).
 
     Tests that patch the model or runner undo it (monkeypatch) and must leave the runner usable,
     which is itself part of the contract. Discovery warnings are checked on fresh runners instead.
     """
-    cache: dict[tuple[str, torch.dtype, str], tuple[Any, Any]] = {}
+    cache = PerTestInConformance()
 
     def get(name: str, dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
         # Inside a hypothesis example, the caller's context the example holds from here to its end: a runner is
         # built in it and serves only in it (a runner replays in its construction's context), one per context.
-        key = (name, dtype, context_key("runner"))
-        if key not in cache:
+        def build() -> tuple[Any, Any]:
             model = build_model(name, seed=SEED, dtype=dtype, device=device)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                cache[key] = model, build_runner(model)
-        return cache[key]
+                return model, build_runner(model)
+
+        return cache.get((name, dtype, context_key("runner")), build)
 
     return get
 

@@ -38,6 +38,7 @@ from hypothesis import strategies as st
 
 from harness.batch import ForwardBatch, forward_context, select_bucket
 from harness.compare import assert_equivalent
+from harness.conformance.plugin import PerTestInConformance
 from harness.errors import HarnessError, MismatchError
 from harness.models import build_model
 from harness.models.engine import CausalLM, EngineModel, ModelConfig
@@ -180,16 +181,16 @@ def _build(name: str, device: torch.device) -> torch.nn.Module:
 
 @pytest.fixture(scope="module")
 def argument_runners(build_runner, device):
-    cache: dict[tuple[str, str], tuple[torch.nn.Module, Any]] = {}
+    cache = PerTestInConformance()  # shared by the module's tests, except in a conformance run
 
     def get(name: str) -> tuple[torch.nn.Module, Any]:
-        key = (name, context_key("runner"))  # one runner per caller's context (harness.oracle.context_key)
-        if key not in cache:
+        def build() -> tuple[torch.nn.Module, Any]:
             model = _build(name, device)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                cache[key] = model, build_runner(model, buckets=BUCKETS)
-        return cache[key]
+                return model, build_runner(model, buckets=BUCKETS)
+
+        return cache.get((name, context_key("runner")), build)  # one runner per caller's context
 
     return get
 

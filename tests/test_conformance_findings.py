@@ -10,6 +10,7 @@ import pytest
 from harness import conformance
 from harness.conformance import findings
 from harness.conformance.clauses import CORE, Clause
+from harness.graphs import _seam
 
 MODULE_STATE = ('MismatchError("runner: observably different from eager (harness.oracle):\\n  module state: the call '
                 'changed module 0.model instance forward, which eager leaves as it was\\n  implementations: '
@@ -142,3 +143,32 @@ def test_verdicts_and_findings_do_not_depend_on_test_order_or_workers():
     assert first == second and any(row[3] for row in first)
     assert [(f.cause, f.severity, sorted(f.tests)) for f in reports[0].findings] == [
         (f.cause, f.severity, sorted(f.tests)) for f in reports[1].findings]
+
+
+def test_a_report_says_which_lines_of_the_implementation_no_test_reached():
+    """Reach of the reference's breakable graph under part of its suite: some of its functions' lines ran, some did
+    not (the refusals of a bad receiver are not among the tests chosen), and the report lists those by function."""
+    report = conformance.run_conformance(component="graphs", spec="reference", device="cpu", graph_backend="emulated",
+                                         root=ROOT, extra_args=["-k", "test_every_calling_convention"])
+    by_module = {m.module: m for m in report.reach}
+    assert set(by_module) == {"harness.graphs._breakable", "harness.graphs._seam"}, report.reach_note
+    seam = by_module["harness.graphs._seam"]
+    assert 0 < seam.lines_reached < seam.lines and seam.branches_reached <= seam.branches
+    refusal = next(number for number, line in enumerate(Path(_seam.__file__).read_text().splitlines(), 1)
+                   if "receive_breaks() needs an object with run_break" in line)  # a receiver without run_break
+    assert refusal in seam.unreached["receive_breaks.__init__"]
+    text = conformance.format_markdown(report)
+    assert "### Reach" in text and "| `harness.graphs._seam` |" in text
+    assert f"- `receive_breaks.__init__`: lines {refusal}" in text
+
+
+def test_reach_names_the_engines_modules_and_says_why_it_was_not_measured():
+    from harness.conformance import reach
+
+    assert reach.modules_of("graphs", "vllm") == ("vllm.compilation.breakable_cudagraph",)
+    assert reach.modules_of("runner", "mutant:forget-restore") == ("harness.runner.runner", "harness.runner.discovery")
+    assert reach.modules_of("gather", "mypkg.kernels:gather") == ("mypkg.kernels",)
+    report = conformance.build_report([], TABLE, component="toy", spec="x", kind="adapter", engine="", device="cpu",
+                                      graph_backend="emulated", environment={}, command="")
+    report.reach_note = "coverage.py is not installed (pip install -c constraints.txt coverage)"
+    assert "Not measured: coverage.py is not installed" in conformance.format_markdown(report)

@@ -356,3 +356,7 @@ def load_runner(*, graph_backend: str | None = None) -> type[SGLangRunner]:
     if graph_backend is not None and graph_backend != "cuda":
         raise UsageError(_RUNNER_NEEDS_CUDA)
     return SGLangRunner
+
+
+# The engine's modules whose reach its conformance reports measure (harness.conformance.reach), by component.
+REACHED = {"graphs": (BREAKABLE_MODULE,), "gather": (GATHER_MODULE,), "runner": (RUNNER_MODULE, BREAKABLE_MODULE)}

@@ -213,3 +213,7 @@ def load_capturer(*, graph_backend: str | None = None) -> type[VLLMCapturer]:
     if graph_backend is not None and graph_backend != "cuda":
         raise UsageError(_NEEDS_CUDA)
     return VLLMCapturer
+
+
+# The engine's modules whose reach its conformance reports measure (harness.conformance.reach), by component.
+REACHED = {"graphs": (BREAKABLE_MODULE,)}

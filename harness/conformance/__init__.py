@@ -24,6 +24,7 @@ from harness import components, impls
 from harness.conformance import clauses as _clauses
 from harness.conformance import findings as _findings
 from harness.conformance import plugin as _plugin
+from harness.conformance import reach as _reach
 from harness.devices import resolve
 from harness.errors import HarnessError
 from harness.plugin import child_runs
@@ -83,6 +84,10 @@ class ConformanceReport:
     stopped: str = ""  # why the suite did not run to its end (a time limit), or empty
     # Every failure grouped by cause, worst severity first (harness.conformance.findings).
     findings: list[_findings.Finding] = dataclasses.field(default_factory=list)
+    # The implementation's own modules, and how much of each the run executed (harness.conformance.reach); or why
+    # that was not measured.
+    reach: list[_reach.ModuleReach] = dataclasses.field(default_factory=list)
+    reach_note: str = ""
 
     def violations(self, tier: str) -> list[ClauseResult]:
         return [r for r in self.results if r.tier == tier and r.verdict == VIOLATED]
@@ -182,10 +187,20 @@ def run_conformance(*, component: str, spec: str, device: str = "auto", graph_ba
                        *([f"--numprocesses={jobs}"] if jobs > 1 else [])])
         environment = dict(child_runs.child_environment(), HARNESS_CONFORMANCE_RECORD=str(record_path))
         environment[_plugin.ORDER_VARIABLE] = test_order
+        reach_modules, reach_note = _reach.modules_of(component, spec), _reach.unavailable()
+        reach_data = Path(scratch) / "reach"
+        if reach_modules and not reach_note:
+            reach_data.mkdir()
+            environment[_reach.REACH_VARIABLE] = json.dumps({"modules": reach_modules, "data": str(reach_data)})
         finished = child_runs.run(command, cwd=root, environment=environment, time_limit=time_limit)
         returncode, output = finished.returncode, finished.output
         records = child_runs.read_report_log(record_path) + [
             _record(entry) for entry in child_runs.phase_reports(child_runs.read_report_log(report_log))]
+        reached = _reach.measure(reach_data, reach_modules) if reach_data.is_dir() else []
+        if not reach_modules:
+            reach_note = f"no modules of {spec} are named for the {component} component"
+        elif not reach_note and not reached:
+            reach_note = f"none of {', '.join(reach_modules)} was executed"
     for record in records:
         if record.get("reproduce"):
             record["reproduce"] = _portable(record["reproduce"], root)
@@ -201,6 +216,7 @@ def run_conformance(*, component: str, spec: str, device: str = "auto", graph_ba
                           engine=_engine(component, spec), device=resolved.type, graph_backend=backend,
                           environment=_environment(resolved), command=display,
                           documented_away=documented_away(component, spec))
+    report.reach, report.reach_note = reached, reach_note
     if stopped:
         report.stopped = (f"stopped at the time limit of {time_limit:.0f} s: tests that had not finished count as "
                           "not run")
@@ -427,6 +443,9 @@ def format_text(report: ConformanceReport) -> str:
     for r in report.results:
         if r.first_failure and r.first_failure.get("reproduce"):
             lines.append(f"\nreproduce {r.clause}: {r.first_failure['reproduce']}")
+    lines.append("")
+    lines += [f"reach {m.module}: lines {m.lines_reached}/{m.lines}, branches {m.branches_reached}/{m.branches}"
+              for m in report.reach] or [f"reach: not measured ({report.reach_note})"]
     return "\n".join(lines)
 
 
@@ -493,6 +512,7 @@ def format_markdown(report: ConformanceReport) -> str:
         if len(r.failures) > 1:
             out += ["", f"Every failing test of `{r.clause}`:", ""]
             out += [f"- `{_test_name(other['nodeid'])}`: {_cell(_first_line(other))}" for other in r.failures]
+    out += _reach_markdown(report)
     if report.unclassified:
         out += ["", f"{len(report.unclassified)} tests name no clause of {report.component}: "
                 + ", ".join(f"`{n}`" for n in report.unclassified[:10])]
@@ -516,6 +536,35 @@ def _findings_markdown(findings: list[_findings.Finding]) -> list[str]:
         out += [f"- F{number} `{_test_name(f.first['nodeid'])}`: `{f.first['reproduce']}`"
                 for number, f in reproducible]
     return out + [""]
+
+
+def _reach_markdown(report: ConformanceReport) -> list[str]:
+    """The reach section: per module, the lines and branches the run executed, and each function's unreached lines."""
+    out = ["", "### Reach", ""]
+    if not report.reach:
+        return out + [f"Not measured: {report.reach_note}."]
+    out += ["The lines and branches of the functions and methods of the implementation's own modules that the suite "
+            "executed (coverage.py, every pytest process of the run). A line no test reached is a line no verdict "
+            "above speaks for.", "",
+            "| module | lines reached | branches reached |", "| --- | --- | --- |"]
+    out += [f"| `{m.module}` | {m.lines_reached}/{m.lines} | {m.branches_reached}/{m.branches} |" for m in report.reach]
+    for module in report.reach:
+        if module.unreached:
+            out += ["", f"Unreached in `{module.file}`, by function:", ""]
+            out += [f"- `{name}`: lines {_line_ranges(lines)}"
+                    for name, lines in module.unreached.items()]
+    return out
+
+
+def _line_ranges(lines: list[int]) -> str:
+    """``[3, 4, 5, 9]`` as ``3-5, 9``."""
+    ranges: list[list[int]] = []
+    for line in sorted(lines):
+        if ranges and line == ranges[-1][1] + 1:
+            ranges[-1][1] = line
+        else:
+            ranges.append([line, line])
+    return ", ".join(f"{a}-{b}" if a != b else str(a) for a, b in ranges)
 
 
 def _slug(text: str) -> str:

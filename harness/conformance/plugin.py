@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from harness.conformance import reach
 from harness.conformance.clauses import MARKER, running_test_notes
 
 _RECORD = "HARNESS_CONFORMANCE_RECORD"
@@ -65,6 +66,14 @@ def _append(record: dict[str, Any]) -> None:
     if target:
         with open(target, "a") as handle:  # one short line per write: appends from xdist workers do not interleave
             handle.write(json.dumps(record) + "\n")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    reach.start_measuring()  # where the parent asked for it: this process's reach of the implementation's modules
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    reach.stop_measuring()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

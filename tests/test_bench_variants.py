@@ -189,7 +189,9 @@ def _run_bench_step(tmp_path, *, cwd=ROOT, **env):
     out, site, calls = tmp_path / "out", tmp_path / "site", tmp_path / "calls"
     out.mkdir()
     site.mkdir()
-    environment = {**os.environ, "py": str(fake), "out": str(out), "site": str(site), "CALLS": str(calls),
+    # The caller's own BENCH_BASE_TREE (the GPU check is run with one) must not choose the tree for these tests.
+    inherited = {name: value for name, value in os.environ.items() if name != "BENCH_BASE_TREE"}
+    environment = {**inherited, "py": str(fake), "out": str(out), "site": str(site), "CALLS": str(calls),
                    "REPO": str(cwd), **env}
     completed = subprocess.run(["bash", "-c", step.replace("\n", " ")], cwd=cwd, env=environment,
                                capture_output=True, text=True, timeout=120)

@@ -1103,41 +1103,6 @@ class BreakOnUnjoinedStream(GraphCapturer):
     graph_class = _UnjoinedBreakStreamGraph
 
 
-def _capturing(stream: torch.cuda.Stream) -> bool:
-    """Whether ``stream`` is capturing, asked without ``torch.cuda.set_stream`` (which the race widener patches)."""
-    current = torch.cuda.current_stream(stream.device)
-    torch.cuda._set_stream_by_id(stream.stream_id, stream.device_index, stream.device_type)
-    try:
-        return torch.cuda.is_current_stream_capturing()
-    finally:
-        torch.cuda._set_stream_by_id(current.stream_id, current.device_index, current.device_type)
-
-
-class _WaitDroppingSession(CaptureSession):
-    def publish(self) -> Any:
-        self._wait_stream = original = torch.cuda.Stream.wait_stream
-
-        def wait_stream(stream: torch.cuda.Stream, other: torch.cuda.Stream) -> None:
-            if _capturing(stream) and not _capturing(other):
-                return  # CUDA would invalidate the capture; skipped, the order with ``other`` is lost at replay
-            original(stream, other)
-
-        torch.cuda.Stream.wait_stream = wait_stream  # type: ignore[method-assign]
-        return super().publish()
-
-    def retract(self, token: Any, *, failed: bool) -> None:
-        torch.cuda.Stream.wait_stream = self._wait_stream  # type: ignore[method-assign]
-        super().retract(token, failed=failed)
-
-
-@MUTANTS.add("wait-on-outside-stream-dropped", backends={"cuda"}, bug="during a capture, a capturing stream's "
-             "wait_stream on a stream that is not capturing is skipped so that the capture goes through (SGLang "
-             "0.5.23's wait-stream hook, TensorRT-LLM PR 16609's review): a segment that joins a break's prefetch "
-             "stream reads the prefetch buffer before the side stream wrote it at every replay")
-class WaitOnOutsideStreamDropped(GraphCapturer):
-    session_class = _WaitDroppingSession
-
-
 # Every aborted capture's session, kept for a post-mortem nobody reads.
 _ABORTED_SESSIONS: list[CaptureSession] = []
 

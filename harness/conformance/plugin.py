@@ -5,7 +5,8 @@ and each phase the documented-away clauses an engine adapter said the test stepp
 stand-ins it reached (:func:`harness.conformance.clauses.outside_contract`, ``rests_on_stand_in``), as user
 properties, which reach the run's report log (:mod:`harness.plugin.child_runs`); appends one JSON line per
 collected test to the file named by ``HARNESS_CONFORMANCE_RECORD`` (a report log has no line for a test that
-never ran)."""
+never ran). It also tells :class:`PerTestInConformance` which test runs, reverses the tests' order where
+``HARNESS_CONFORMANCE_ORDER`` asks, and measures the implementation's reach (:mod:`harness.conformance.reach`)."""
 
 from __future__ import annotations
 
@@ -45,6 +46,8 @@ class PerTestInConformance:
         if key not in self._entries:
             self._entries[key] = build()
         return self._entries[key]
+
+
 # Where hypothesis's falsifying example starts in a failure (the wording moved between versions),
 # and where its own advice after the example starts.
 _EXAMPLE_START = re.compile(r"^(?:Falsifying (?:explicit )?example:|Failing test case:|state = )", re.MULTILINE)

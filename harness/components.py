@@ -7,7 +7,9 @@ explains each field; ``tests/test_components.py`` checks every row."""
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from collections.abc import Mapping
+from types import ModuleType
 
 __all__ = ["Component", "COMPONENTS", "component_names", "get_component"]
 
@@ -29,6 +31,12 @@ class Component:
     binds_backend: bool = False
     also_registered: Mapping[str, str] = dataclasses.field(default_factory=dict)
     adapters: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    def adapter_module(self, spec: str) -> ModuleType | None:
+        """The module of the engine adapter ``spec`` names (where its engine's version, documented-away clauses and
+        measured modules are declared); None for anything but an adapter."""
+        target = self.adapters.get(spec)
+        return None if target is None else importlib.import_module(target.partition(":")[0])
 
 
 COMPONENTS: tuple[Component, ...] = (

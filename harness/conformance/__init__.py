@@ -8,7 +8,6 @@ and as Markdown and JSON; ``docs/graphs.md`` (Conformance) describes the report.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import os
 import re
@@ -142,10 +141,9 @@ def _environment(device: torch.device) -> dict[str, str]:
 
 def _engine(component: str, spec: str) -> str:
     """For an engine adapter, the engine and its version (``SGLang 0.5.23``); empty otherwise."""
-    target = components.get_component(component).adapters.get(spec)
-    if target is None:
+    module = components.get_component(component).adapter_module(spec)
+    if module is None:
         return ""
-    module = importlib.import_module(target.partition(":")[0])
     version = getattr(module, "engine_version", lambda: "unknown")()
     return f"{spec} {version}"
 
@@ -153,11 +151,8 @@ def _engine(component: str, spec: str) -> str:
 def documented_away(component: str, spec: str) -> tuple[_clauses.DocumentedAway, ...]:
     """The clauses of ``component`` that an engine adapter declares its engine documents away (its module's
     ``DOCUMENTED_AWAY``, by component); none for anything but an adapter."""
-    target = components.get_component(component).adapters.get(spec)
-    if target is None:
-        return ()
-    module = importlib.import_module(target.partition(":")[0])
-    return tuple(getattr(module, "DOCUMENTED_AWAY", {}).get(component, ()))
+    module = components.get_component(component).adapter_module(spec)
+    return () if module is None else tuple(getattr(module, "DOCUMENTED_AWAY", {}).get(component, ()))
 
 
 def run_conformance(*, component: str, spec: str, device: str = "auto", graph_backend: str = "auto",
@@ -187,7 +182,9 @@ def run_conformance(*, component: str, spec: str, device: str = "auto", graph_ba
                        *([f"--numprocesses={jobs}"] if jobs > 1 else [])])
         environment = dict(child_runs.child_environment(), HARNESS_CONFORMANCE_RECORD=str(record_path))
         environment[_plugin.ORDER_VARIABLE] = test_order
-        reach_modules, reach_note = _reach.modules_of(component, spec), _reach.unavailable()
+        reach_modules = _reach.modules_of(component, spec)
+        reach_note = (_reach.unavailable() if reach_modules
+                      else f"no modules of {spec} are named for the {component} component")
         reach_data = Path(scratch) / "reach"
         if reach_modules and not reach_note:
             reach_data.mkdir()
@@ -197,9 +194,7 @@ def run_conformance(*, component: str, spec: str, device: str = "auto", graph_ba
         records = child_runs.read_report_log(record_path) + [
             _record(entry) for entry in child_runs.phase_reports(child_runs.read_report_log(report_log))]
         reached = _reach.measure(reach_data, reach_modules) if reach_data.is_dir() else []
-        if not reach_modules:
-            reach_note = f"no modules of {spec} are named for the {component} component"
-        elif not reach_note and not reached:
+        if not reach_note and not reached:
             reach_note = f"none of {', '.join(reach_modules)} was executed"
     for record in records:
         if record.get("reproduce"):
@@ -465,8 +460,8 @@ def format_markdown(report: ConformanceReport) -> str:
         out += _findings_markdown(report.findings)
     out += ["| tier | clause | verdict | tests passed | first falsifying example |", "| --- | --- | --- | --- | --- |"]
     for r in report.results:
-        verdict = f"**{r.verdict}**: {r.severity}" if r.verdict == VIOLATED and r.severity else (
-            f"**{r.verdict}**" if r.verdict == VIOLATED else r.verdict)
+        verdict = f"**{r.verdict}**" if r.verdict == VIOLATED else r.verdict
+        verdict += f": {r.severity}" if r.severity else ""  # set on violated clauses only
         verdict += " (rests on stand-ins)" if r.stand_ins else ""
         out.append(f"| {r.tier} | `{r.clause}` | {verdict} | {_tests_passed(r)} | {_cell(_example(r, code='`'))} |")
     away = report.documented_away()

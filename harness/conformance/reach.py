@@ -10,7 +10,6 @@ function. Without coverage.py installed the report says reach was not measured, 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import importlib.util
 import json
 import os
@@ -51,11 +50,9 @@ def modules_of(component: str, spec: str) -> tuple[str, ...]:
     """The modules whose reach a report of ``spec`` measures: an engine adapter's ``REACHED[component]`` (the
     engine's modules it runs), the reference's own for the reference and its mutants, the module of an external
     ``pkg.mod:attr``."""
-    row = components.get_component(component)
-    target = row.adapters.get(spec)
-    if target is not None:
-        module = importlib.import_module(target.partition(":")[0])
-        return tuple(getattr(module, "REACHED", {}).get(component, ()))
+    adapter = components.get_component(component).adapter_module(spec)
+    if adapter is not None:
+        return tuple(getattr(adapter, "REACHED", {}).get(component, ()))
     if ":" in spec and not spec.startswith("mutant:"):
         return (spec.partition(":")[0],)
     return _REFERENCE_MODULES.get(component, ())

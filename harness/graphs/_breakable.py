@@ -314,7 +314,8 @@ class CaptureSession:
     """One capture in progress.
 
     Safe to override (the seams other implementations and mutants build on): :meth:`run_break`,
-    :meth:`begin_segment`, :meth:`end_segment`, :meth:`abort`, :meth:`publish` and :meth:`retract`.
+    :meth:`begin_segment`, :meth:`end_segment`, :meth:`abort`, :meth:`publish`, :meth:`retract` and
+    :meth:`wait_on_uncaptured_stream`.
     :meth:`run_uncaptured` is offered to subclasses; the reference never calls it.
     """
 
@@ -369,6 +370,16 @@ class CaptureSession:
     def retract(self, token: Any, *, failed: bool) -> None:
         """Undo :meth:`publish`; runs on every exit of the capture, ``failed`` when it raised."""
         token.__exit__(None, None, None)
+
+    def wait_on_uncaptured_stream(self, stream: Any, other: Any) -> None:
+        """A capturing ``stream`` was asked to wait for ``other``, a stream outside the capture (CUDA backend: a
+        segment joins a side stream a break queued work on). A replayed segment cannot wait for work the replay
+        queues eagerly, and CUDA keeps, drops or refuses such a wait by chance: the reference refuses the capture.
+        """
+        raise CaptureError(
+            f"a captured segment waits for stream {other!r}, which is not part of the capture (the segment after a "
+            "break joins the stream the break queued work on); the order cannot be kept at replay: join that "
+            "stream inside the break, before it returns")
 
     def run_break(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Receive one break call (:class:`~harness.graphs.BreakReceiver`): end the segment, run the

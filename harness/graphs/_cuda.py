@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import threading
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -14,6 +15,7 @@ import torch
 
 from harness.errors import CaptureError
 from harness.graphs._backend import GraphBackend
+from harness.graphs._seam import current_break_receiver
 
 __all__ = ["CudaBackend"]
 
@@ -40,6 +42,52 @@ def _on_own_stream(stream: torch.cuda.Stream) -> Iterator[None]:
         yield
     finally:
         torch.cuda._set_stream_by_id(previous.stream_id, previous.device_index, previous.device_type)
+
+
+def _capturing(stream: torch.cuda.Stream) -> bool:
+    """Whether ``stream`` is capturing, asked without ``torch.cuda.set_stream`` (which the race widener patches)."""
+    current = torch.cuda.current_stream(stream.device)
+    torch.cuda._set_stream_by_id(stream.stream_id, stream.device_index, stream.device_type)
+    try:
+        return torch.cuda.is_current_stream_capturing()
+    finally:
+        torch.cuda._set_stream_by_id(current.stream_id, current.device_index, current.device_type)
+
+
+_wait_lock = threading.Lock()
+_wait_watchers = 0
+_plain_wait_stream: Callable[[torch.cuda.Stream, torch.cuda.Stream], None] = torch.cuda.Stream.wait_stream
+
+
+def _watched_wait_stream(stream: torch.cuda.Stream, other: torch.cuda.Stream) -> None:
+    # CUDA lets a capturing stream's wait on an event recorded outside the capture through, drops it, or refuses
+    # it (cudaErrorStreamCaptureIsolation), depending on whether the event has completed: the capture's receiver
+    # decides once, the same way every time.
+    if _capturing(stream) and not _capturing(other):
+        decide = getattr(current_break_receiver(), "wait_on_uncaptured_stream", None)
+        if decide is not None:
+            decide(stream, other)
+            return
+    _plain_wait_stream(stream, other)
+
+
+@contextlib.contextmanager
+def _waits_on_uncaptured_streams_decided() -> Iterator[None]:
+    """Inside the block (in any thread), ``torch.cuda.Stream.wait_stream`` from a capturing stream on a stream that
+    is not capturing goes to the capture receiver's ``wait_on_uncaptured_stream(stream, other)`` where it has one."""
+    global _wait_watchers, _plain_wait_stream
+    with _wait_lock:
+        if _wait_watchers == 0:
+            _plain_wait_stream = torch.cuda.Stream.wait_stream
+            torch.cuda.Stream.wait_stream = _watched_wait_stream  # type: ignore[method-assign]
+        _wait_watchers += 1
+    try:
+        yield
+    finally:
+        with _wait_lock:
+            _wait_watchers -= 1
+            if _wait_watchers == 0:
+                torch.cuda.Stream.wait_stream = _plain_wait_stream  # type: ignore[method-assign]
 
 
 @contextlib.contextmanager
@@ -125,7 +173,8 @@ class CudaBackend(GraphBackend):
         self._capture_stream = self._stream_of_every_capture
         self._capture_stream.wait_stream(self._caller_stream)
         try:
-            with torch.cuda.device(self.device), _on_own_stream(self._capture_stream):
+            with (torch.cuda.device(self.device), _on_own_stream(self._capture_stream),
+                  _waits_on_uncaptured_streams_decided()):
                 yield
         finally:
             self._caller_stream.wait_stream(self._capture_stream)

@@ -1103,6 +1103,19 @@ class BreakOnUnjoinedStream(GraphCapturer):
     graph_class = _UnjoinedBreakStreamGraph
 
 
+class _WaitDroppingSession(CaptureSession):
+    def wait_on_uncaptured_stream(self, stream: Any, other: Any) -> None:
+        return  # skipped so that the capture goes through; the order with ``other`` is lost at replay
+
+
+@MUTANTS.add("wait-on-outside-stream-dropped", backends={"cuda"}, bug="during a capture, a capturing stream's "
+             "wait_stream on a stream that is not capturing is skipped so that the capture goes through (SGLang "
+             "0.5.23's wait-stream hook, TensorRT-LLM PR 16609's review): a segment that joins a break's prefetch "
+             "stream reads the prefetch buffer before the side stream wrote it at every replay")
+class WaitOnOutsideStreamDropped(GraphCapturer):
+    session_class = _WaitDroppingSession
+
+
 # Every aborted capture's session, kept for a post-mortem nobody reads.
 _ABORTED_SESSIONS: list[CaptureSession] = []
 

@@ -56,10 +56,10 @@ def _capturing(stream: torch.cuda.Stream) -> bool:
 
 _wait_lock = threading.Lock()
 _wait_watchers = 0
-_plain_wait_stream: Callable[[torch.cuda.Stream, torch.cuda.Stream], None] = torch.cuda.Stream.wait_stream
+_plain_wait_stream: Callable[..., None] = torch.cuda.Stream.wait_stream
 
 
-def _watched_wait_stream(stream: torch.cuda.Stream, other: torch.cuda.Stream) -> None:
+def _watched_wait_stream(stream: torch.cuda.Stream, other: Any) -> None:
     # CUDA lets a capturing stream's wait on an event recorded outside the capture through, drops it, or refuses
     # it (cudaErrorStreamCaptureIsolation), depending on whether the event has completed: the capture's receiver
     # decides once, the same way every time.
@@ -79,7 +79,7 @@ def _waits_on_uncaptured_streams_decided() -> Iterator[None]:
     with _wait_lock:
         if _wait_watchers == 0:
             _plain_wait_stream = torch.cuda.Stream.wait_stream
-            torch.cuda.Stream.wait_stream = _watched_wait_stream  # type: ignore[method-assign]
+            torch.cuda.Stream.wait_stream = _watched_wait_stream  # type: ignore[method-assign,assignment]
         _wait_watchers += 1
     try:
         yield

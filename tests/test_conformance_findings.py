@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import re
+
 import pytest
 
 from harness import conformance
@@ -128,6 +130,64 @@ def test_what_a_suite_shares_between_tests_is_per_test_in_a_conformance_run(pyte
         isolated.assert_outcomes(failed=2)
         names = [line.split("::")[1].split()[0] for line in isolated.outlines if "::test_" in line and "FAILED" in line]
         assert names[:2] == (["test_a", "test_b"] if order == "collected" else ["test_b", "test_a"])
+
+
+RECORDING_SUITE = """
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from harness.oracle import Checker, checks_stop
+from harness.errors import MismatchError
+
+STATE = {"calls": 0}
+
+
+def leaves_state(value):  # a call that leaves a module attribute changed, then one that gives wrong values
+    module = torch.nn.Linear(2, 2)
+    checker = Checker("graphs")
+
+    def candidate():
+        module.training = False
+        return torch.tensor([value])
+
+    checker.call(candidate, lambda: torch.tensor([value]), modules=[module], exact=True, call="first")
+    STATE["calls"] += 1
+    checker.call(lambda: torch.tensor([value + 1.0]), lambda: torch.tensor([value]), exact=True, call="second")
+    STATE["calls"] += 1
+
+
+def test_plain():
+    leaves_state(1.0)
+
+
+@settings(max_examples=5, database=None)
+@given(st.floats(0, 4))
+def test_drawn(value):
+    leaves_state(value)
+
+
+def test_stopped():
+    with checks_stop(), pytest.raises(MismatchError, match="module state"):
+        leaves_state(1.0)
+"""
+
+
+def test_a_conformance_run_records_every_failed_check_and_goes_on(pytester):
+    """A suite's run stops at the first failed check (the state left behind); a conformance run records it, goes on
+    to the next call's values, and fails the test, or the hypothesis example, with both; ``checks_stop`` stops as
+    before."""
+    pytester.makepyfile(test_recording=RECORDING_SUITE)
+    for plugin, went_on in (((), False), (("-p", "harness.conformance.plugin"), True)):
+        result = pytester.runpytest_inprocess("-p", "no:cacheprovider", *plugin)
+        result.assert_outcomes(failed=2, passed=1)  # test_stopped passes: its check raised at once
+        sections = re.split(r"^_+ (test_\w+) _+$", result.stdout.str(), flags=re.MULTILINE)
+        failures = dict(zip(sections[1::2], sections[2::2]))
+        for test in ("test_plain", "test_drawn"):
+            assert "module state: the call changed module 0 training" in failures[test], failures[test]
+            # the second call's values are seen only where the run went on past the first call's failure
+            assert ("values: tensors differ" in failures[test]) is went_on, failures[test]
+            assert ("2 failed checks recorded" in failures[test]) is went_on, failures[test]
 
 
 @pytest.mark.slow_child

@@ -21,10 +21,13 @@ import pytest
 
 from harness.conformance import reach
 from harness.conformance.clauses import MARKER, running_test_notes
+from harness.errors import MismatchError
+from harness.oracle import _recording
 
 _RECORD = "HARNESS_CONFORMANCE_RECORD"
 #: ``reversed`` runs the collected tests in reverse order (a second recording that proves the verdicts order-free).
 ORDER_VARIABLE = "HARNESS_CONFORMANCE_ORDER"
+_RECORDING = pytest.StashKey[Any]()
 # The node id of the test running in this process, kept only where this plugin is loaded (a conformance run).
 _RUNNING: list[str | None] = [None]
 
@@ -73,10 +76,36 @@ def _append(record: dict[str, Any]) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     reach.start_measuring()  # where the parent asked for it: this process's reach of the implementation's modules
+    recording = _recording.recording()
+    recording.__enter__()  # a failed check is recorded and the test goes on (harness.oracle._recording)
+    config.stash[_RECORDING] = recording
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     reach.stop_measuring()
+    recording = config.stash.get(_RECORDING, None)
+    if recording is not None:
+        recording.__exit__(None, None, None)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
+    """Fail a test with every check it recorded outside a hypothesis example (those inside fail their example), also
+    where it went on to fail or skip for another reason after them (that reason is chained)."""
+    __tracebackhide__ = True
+    try:
+        result = yield
+    except BaseException as error:
+        recorded = _recording.take_recorded()
+        if not recorded:
+            raise
+        if isinstance(error, MismatchError):
+            raise _recording.combined([*recorded, error]) from None
+        raise _recording.combined(recorded) from error
+    recorded = _recording.take_recorded()
+    if recorded:
+        raise _recording.combined(recorded)
+    return result
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -117,6 +146,7 @@ def _short_path(path: str) -> str:
 
 def pytest_runtest_logstart(nodeid: str, location: tuple[str, int | None, str]) -> None:
     running_test_notes(clear=True)  # what adapters and stand-ins say of this test, not of the one before
+    _recording.take_recorded()  # what its fixtures record is this test's; what an earlier test left is not
     _RUNNING[0] = nodeid
 
 

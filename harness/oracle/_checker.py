@@ -13,7 +13,7 @@ import torch
 from harness.compare import ComputeSettings, assert_equivalent, format_context
 from harness.errors import MismatchError
 from harness.hazards import poison_free_memory
-from harness.oracle import _contexts, _facts, _resources, _state
+from harness.oracle import _contexts, _facts, _recording, _resources, _state
 from harness.oracle._allowed import allowed
 
 __all__ = ["CALLING_MODES", "calling_mode", "Checker", "check_call"]
@@ -198,8 +198,10 @@ class Checker:
         problems = [p for p in problems if p]
         if problems:
             shown = problems[:6] + ([f"... and {len(problems) - 6} more"] if len(problems) > 6 else [])
-            raise MismatchError(f"{self.component}: observably different from eager (harness.oracle):\n  "
-                                + "\n  ".join(shown) + format_context(context))
+            error = MismatchError(f"{self.component}: observably different from eager (harness.oracle):\n  "
+                                  + "\n  ".join(shown) + format_context(context))
+            error.problems, error.context = problems, format_context(context)  # type: ignore[attr-defined]
+            _recording.deliver(error)  # raised, or recorded in a conformance run
 
     def _differs(self, fact: str, message: str) -> str:
         return "" if allowed(self.component, fact) else f"{fact}: {message}"

@@ -3,9 +3,8 @@ got, and the report's wording that follows from them."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import re
+from pathlib import Path
 
 import pytest
 

@@ -1,5 +1,5 @@
 """``python -m harness`` (also ``graph-harness``): ``list``, ``selfcheck``, ``bench``, ``report``, ``conformance``,
-``mutate``.
+``conformance-diff``, ``mutate``.
 
 :func:`build_parser` defines every subcommand and its options (``--help`` shows them); :func:`main` is
 the entry point."""
@@ -192,6 +192,15 @@ def _conformance(arguments: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def _conformance_diff(arguments: argparse.Namespace) -> int:
+    """Print what changed between two reports; exit 1 on a change where --expect-identical asks for none."""
+    from harness.conformance import diff
+
+    changes = diff.diff_reports(diff.load_report(arguments.old), diff.load_report(arguments.new))
+    print(diff.format_diff(changes))
+    return 1 if arguments.expect_identical and not changes.identical else 0
+
+
 def _mutate(arguments: argparse.Namespace) -> int:
     """Mutation-test the references with mutmut; exit 1 on an untriaged survivor or an area below the goal."""
     from harness import mutation
@@ -310,6 +319,15 @@ def build_parser(prog: str = "python -m harness") -> argparse.ArgumentParser:
                               "runner of its own, so two recordings in either order must give the same verdicts")
     conform.add_argument("--out", default="conformance",
                          help="folder for the Markdown and JSON (default ./conformance)")
+    compare = commands.add_parser(
+        "conformance-diff", help="what changed between two conformance reports of one component (their JSON)",
+        description="Clause by clause, test by test and finding by finding: newly violated, fixed, tests that newly "
+                    "fail or no longer do, new and gone findings. Exits 0, or 1 with --expect-identical where anything "
+                    "changed (two recordings of one implementation in other test orders).")
+    compare.add_argument("old", help="the earlier report's JSON (conformance-COMPONENT-....json)")
+    compare.add_argument("new", help="the later report's JSON")
+    compare.add_argument("--expect-identical", action="store_true",
+                         help="exit 1 where the reports differ in anything compared")
     mutate = commands.add_parser(
         "mutate", help="mutation-test the references (mutmut) and score the suites against the triage files",
         description="Runs mutmut 3.8.1 (installed on first use into .harness_cache/mutmut-site) over the reference "
@@ -344,6 +362,8 @@ def main(argv: list[str] | None = None, *, prog: str | None = None) -> int:
             return _report(arguments)
         if arguments.command == "conformance":
             return _conformance(arguments)
+        if arguments.command == "conformance-diff":
+            return _conformance_diff(arguments)
         if arguments.command == "mutate":
             return _mutate(arguments)
         return _bench(rest)

@@ -114,7 +114,8 @@ def format_diff(diff: ReportDiff) -> str:
     if diff.identical:
         return f"{diff.new} against {diff.old}: identical verdicts, counts, failing tests and findings"
     sections = (("Newly violated", diff.newly_violated), ("Fixed", diff.fixed),
-                ("Other verdict changes", diff.verdicts), ("New findings", diff.new_findings), ("Findings gone", diff.gone_findings),
+                ("Other verdict changes", diff.verdicts), ("New findings", diff.new_findings),
+                ("Findings gone", diff.gone_findings),
                 ("Findings with other tests or severity", diff.findings_changed),
                 ("Tests that newly fail", diff.newly_failing), ("Tests that no longer fail", diff.no_longer_failing),
                 ("Test counts", diff.counts))

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -62,18 +60,17 @@ def test_reports_of_two_components_or_a_file_that_is_no_report_are_refused_in_on
         diff.load_report(bad)
 
 
-def test_the_command_exits_1_on_a_change_only_where_it_expects_none(tmp_path):
+def test_the_command_exits_1_on_a_change_only_where_it_expects_none(tmp_path, capsys):
+    from harness.cli import main
+
     old, new = tmp_path / "old.json", tmp_path / "new.json"
     old.write_text(json.dumps(OLD))
     new.write_text(json.dumps(NEW))
-
-    def run(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "harness", "conformance-diff", *args], capture_output=True,
-                              text=True, check=False)
-
-    assert run(str(old), str(new)).returncode == 0
-    changed = run(str(old), str(new), "--expect-identical")
-    assert changed.returncode == 1 and "Newly violated" in changed.stdout
-    assert run(str(old), str(old), "--expect-identical").returncode == 0
-    missing = run(str(tmp_path / "none.json"), str(new))
-    assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "not a conformance report" in missing.stderr
+    assert main(["conformance-diff", str(old), str(new)]) == 0
+    assert main(["conformance-diff", str(old), str(new), "--expect-identical"]) == 1
+    assert "Newly violated" in capsys.readouterr().out
+    assert main(["conformance-diff", str(old), str(old), "--expect-identical"]) == 0
+    capsys.readouterr()
+    assert main(["conformance-diff", str(tmp_path / "none.json"), str(new)]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "not a conformance report" in error, error

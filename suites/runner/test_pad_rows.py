@@ -25,8 +25,11 @@ from typing import Any
 import pytest
 import torch
 
+from harness.batch import current_batch
+from harness.graphs import eager_on_graph
 from harness.hazards import amplifiers_enabled, uninitialised_memory_poisoned
 from harness.models import build_model
+from harness.models.engine import packed_causal_attention
 from harness.models.index_checked import with_pool_slots
 from harness.oracle import CALLING_MODES
 from harness.runner import ForwardBatch
@@ -161,6 +164,39 @@ def test_unwritten_pad_rows_reach_every_real_row(device):
         "NaN in the pad rows of the cross-token model's hidden input did not reach every real row's logits: "
         f"{int(poisoned.next_token_logits.isnan().sum())} of {poisoned.next_token_logits.numel()} are NaN")
     assert filled.next_token_logits.isfinite().all(), "the padding fill gave non-finite logits"
+
+
+@eager_on_graph
+def _attention_of_real_rows_only(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """The zoo's attention, written as a kernel that computes only the live batch's tokens does: into a fresh
+    output whose pad rows it never writes."""
+    real = current_batch().num_tokens
+    out = torch.empty_like(q)
+    out[:real] = packed_causal_attention(q[:real], k[:real], v[:real])
+    return out
+
+
+@pytest.mark.skipif(not amplifiers_enabled(), reason="the hazard amplifiers are off (--hazard-amplifiers off)")
+def test_unwritten_rows_of_a_break_output_reach_every_real_row(device):
+    """Positive control for a break whose output's pad rows nobody writes (an attention backend that writes only the
+    live tokens): run padded, as every replay of a smaller batch runs, under ``uninitialised_memory_poisoned`` those
+    rows read NaN and the ``cross-token`` model carries them into every real row. This is engine model code, not a
+    capturer's or runner's: no zoo model ships such a break, and the suites would fail it with any runner (the
+    class's row in docs/hazards.md)."""
+    model = build_model("cross-token", seed=SEED, device=device)
+    batch = _with_hidden_input(ForwardBatch.from_lengths((3, 2), vocab_size=CONFIG.vocab_size, device=device), seed=7)
+    padded = batch.padded_to(8)
+    with uninitialised_memory_poisoned(), torch.inference_mode():
+        written = model(padded.input_ids, padded.positions, padded)
+        for layer in model.model.layers:
+            layer.self_attn.kernel = _attention_of_real_rows_only
+        unwritten = model(padded.input_ids, padded.positions, padded)
+        unpadded = model(batch.input_ids, batch.positions, batch)
+    assert written.next_token_logits.isfinite().all(), "the zoo's attention, which writes its pad rows, gave NaN"
+    assert unpadded.next_token_logits.isfinite().all(), "unpadded, no row is left unwritten, yet the logits hold NaN"
+    assert unwritten.next_token_logits.isnan().all(), (
+        "NaN in the unwritten pad rows of the attention break's output did not reach every real row's logits: "
+        f"{int(unwritten.next_token_logits.isnan().sum())} of {unwritten.next_token_logits.numel()} are NaN")
 
 
 def test_pad_rows_of_hidden_inputs_stay_out_of_real_rows(build_runner, check_run, device):

@@ -142,11 +142,19 @@ class CudaBackend(GraphBackend):
         return torch.cuda.graph_pool_handle()
 
     def warm_up(self, fn: Callable[[], Any]) -> None:
-        side = torch.cuda.Stream(device=self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.device(self.device), _on_own_stream(side):
+        # On the stream the capture will use: a library that keeps state per stream (a workspace registry keyed by
+        # stream, which refuses to create an entry during a capture) finds the capture stream's entry made here.
+        stream = self._capture_stream_of_this_backend()
+        caller = torch.cuda.current_stream(self.device)
+        stream.wait_stream(caller)
+        with torch.cuda.device(self.device), _on_own_stream(stream):
             fn()
-        torch.cuda.current_stream(self.device).wait_stream(side)
+        caller.wait_stream(stream)
+
+    def _capture_stream_of_this_backend(self) -> torch.cuda.Stream:
+        if self._stream_of_every_capture is None:
+            self._stream_of_every_capture = torch.cuda.Stream(device=self.device)
+        return self._stream_of_every_capture
 
     @contextlib.contextmanager
     def capture_context(self) -> Iterator[None]:
@@ -168,9 +176,7 @@ class CudaBackend(GraphBackend):
     @contextlib.contextmanager
     def _capture_streams(self) -> Iterator[None]:
         self._caller_stream = torch.cuda.current_stream(self.device)
-        if self._stream_of_every_capture is None:
-            self._stream_of_every_capture = torch.cuda.Stream(device=self.device)
-        self._capture_stream = self._stream_of_every_capture
+        self._capture_stream = self._capture_stream_of_this_backend()
         self._capture_stream.wait_stream(self._caller_stream)
         try:
             with (torch.cuda.device(self.device), _on_own_stream(self._capture_stream),

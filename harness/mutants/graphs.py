@@ -1103,6 +1103,26 @@ class BreakOnUnjoinedStream(GraphCapturer):
     graph_class = _UnjoinedBreakStreamGraph
 
 
+@MUTANTS.add("warms-up-on-a-side-stream", backends={"cuda"}, bug="the warm-up runs on a fresh side stream of its "
+             "own, as torch's documentation shows, and the capture on another (vLLM PR 53818): state a library keeps "
+             "per stream is missing for the capture stream, and a library that refuses to create it during a capture "
+             "fails the capture")
+class WarmsUpOnASideStream(GraphCapturer):
+    def capture(self, fn: Callable[[], Any], *, pool: Any = None, warmup_runs: int = 1) -> BreakableGraph:
+        caller = torch.cuda.current_stream()
+        for _ in range(warmup_runs):
+            side = torch.cuda.Stream()
+            side.wait_stream(caller)
+            previous = torch.cuda.current_stream()
+            torch.cuda._set_stream_by_id(side.stream_id, side.device_index, side.device_type)  # not the widener's
+            try:
+                fn()
+            finally:
+                torch.cuda._set_stream_by_id(previous.stream_id, previous.device_index, previous.device_type)
+            caller.wait_stream(side)
+        return super().capture(fn, pool=pool, warmup_runs=0)
+
+
 class _WaitDroppingSession(CaptureSession):
     def wait_on_uncaptured_stream(self, stream: Any, other: Any) -> None:
         return  # skipped so that the capture goes through; the order with ``other`` is lost at replay

@@ -56,3 +56,35 @@ def test_lazy_state_is_created_at_warm_up_not_inside_the_graph(graph_oracle, gra
         graph_oracle.replay(graph, lambda: twin(x), inputs={"x": x, "table": lazy.table, "calls": lazy.calls},
                             eager_inputs={"x": x, "table": twin.table, "calls": twin.calls},
                             warmup_runs=warmup_runs, replay=replay)
+
+
+class PerStreamWorkspace:
+    """A kernel library's workspace registry keyed by stream, as AITER keeps its split-K workspace (vLLM PR 53818,
+    issue 55452): an entry is created on a stream's first eager call, and refused during a capture."""
+
+    def __init__(self) -> None:
+        self.entries: dict[int, torch.Tensor] = {}
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        stream = torch.cuda.current_stream(x.device).cuda_stream
+        workspace = self.entries.get(stream)
+        if workspace is None:
+            if torch.cuda.is_current_stream_capturing():
+                raise RuntimeError(f"workspace not initialised for the capturing stream {stream:#x}: warm up on the "
+                                   "stream the capture uses")
+            workspace = self.entries[stream] = torch.empty_like(x)
+        workspace.copy_(x * 2)
+        return workspace + 1
+
+
+def test_state_kept_per_stream_is_warmed_up_on_the_stream_the_capture_uses(graph_oracle, graph_backend, make_tensor):
+    """A warm-up on one stream and a capture on another leaves per-stream state missing for the capture (vLLM PR
+    53818): the capture must go through, and every replay equal eager."""
+    if graph_backend.name != "cuda":
+        pytest.skip("state kept per CUDA stream exists only on CUDA; the emulated backend does not model warm-up")
+    x = make_tensor(256, seed=71)
+    kernel, twin = PerStreamWorkspace(), PerStreamWorkspace()
+    graph = graph_oracle.capture(lambda: kernel(x), program="a kernel with a workspace per stream")
+    for replay in range(2):
+        x.copy_(make_tensor(256, seed=72 + replay))
+        graph_oracle.replay(graph, lambda: twin(x), inputs=[x], exact=True, replay=replay)

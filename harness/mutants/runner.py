@@ -274,6 +274,16 @@ class PadsIntoLiveSlots(LayerStackRunner):
         return dataclasses.replace(padded, kv=dataclasses.replace(padded.kv, slot_mapping=slots))
 
 
+@MUTANTS.add("kv-metadata-unpadded", bug="pads the tokens to the bucket but hands attention the live batch's KV "
+                    "metadata, a slot mapping of the real tokens only (metadata built from the live batch, not the "
+                    "bucket: vLLM PR 36626): no pad row has a slot, which the zoo's batch refuses (BatchError) and a "
+                    "kernel that reads one slot per row reads past the end for")
+class KvMetadataUnpadded(LayerStackRunner):
+    def pad(self, batch: ForwardBatch, bucket: int) -> ForwardBatch:
+        padded = batch.padded_to(bucket)
+        return padded if padded.kv is None else dataclasses.replace(padded, kv=batch.kv)
+
+
 @MUTANTS.add("stale-slot-mapping", bug="copies the slot mapping into a per-bucket static buffer at the first replay "
                     "only: later steps write their keys and values into the first step's slots")
 class StaleSlotMapping(LayerStackRunner):

@@ -304,8 +304,8 @@ def build_parser(prog: str = "python -m harness") -> argparse.ArgumentParser:
                     "falsifying example) or not run; core violations (wrong results) first, then strict ones (what the "
                     "harness requires to raise). Writes Markdown and JSON; exits 1 when a clause is violated.")
     conform.add_argument("--impl", required=True, metavar="COMPONENT=SPEC",
-                         help="the implementation: reference, mutant:NAME, an engine adapter (sglang, vllm, trtllm) or "
-                              "pkg.mod:attr")
+                         help="the implementation: reference, mutant:NAME, an engine adapter (sglang, vllm, trtllm, "
+                              "bcg, pcg) or pkg.mod:attr")
     conform.add_argument("--device", choices=DEVICE_CHOICES, default="auto")
     conform.add_argument("--graph-backend", choices=BACKEND_CHOICES, default="auto")
     conform.add_argument("--jobs", type=int, default=1, help="pytest-xdist workers (default 1: no xdist)")

@@ -53,7 +53,8 @@ COMPONENTS: tuple[Component, ...] = (
         fixture="graph_capturer",
         binds_backend=True,
         adapters={"sglang": "harness.adapters.sglang:load_capturer", "vllm": "harness.adapters.vllm:load_capturer",
-                  "trtllm": "harness.adapters.trtllm:load_capturer"},
+                  "trtllm": "harness.adapters.trtllm:load_capturer", "bcg": "harness.adapters.bcg:load_capturer",
+                  "pcg": "harness.adapters.pcg:load_capturer"},
     ),
     Component(
         name="runner",

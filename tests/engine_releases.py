@@ -12,21 +12,25 @@ from pathlib import Path
 import pytest
 
 
-def release_wheel(engine: str, version: str) -> Path | None:
-    """The wheel ``HARNESS_<ENGINE>_WHEEL`` names, else the first ``/tmp/<engine>-wheel/<engine>-<version>-*.whl``."""
+def release_wheel(engine: str, version: str, *, distribution: str | None = None) -> Path | None:
+    """The wheel ``HARNESS_<ENGINE>_WHEEL`` names, else the first ``/tmp/<engine>-wheel/<name>-<version>-*.whl``,
+    ``<name>`` the wheel's file-name form of ``distribution`` (default: the engine's name)."""
     given = os.environ.get(f"HARNESS_{engine.upper()}_WHEEL")
     if given:
         return Path(given) if Path(given).is_file() else None
-    found = sorted(Path(f"/tmp/{engine}-wheel").glob(f"{engine}-{version}-*.whl"))
+    name = (distribution or engine).replace("-", "_")
+    found = sorted(Path(f"/tmp/{engine}-wheel").glob(f"{name}-{version}-*.whl"))
     return found[0] if found else None
 
 
-def needs_release_wheel(wheel: Path | None, *, engine: str, name: str, version: str) -> pytest.MarkDecorator:
+def needs_release_wheel(wheel: Path | None, *, engine: str, name: str, version: str,
+                        distribution: str | None = None) -> pytest.MarkDecorator:
     """Skip, saying where to put the wheel, where :func:`release_wheel` found none."""
     return pytest.mark.skipif(
         wheel is None,
         reason=f"no {name} {version} wheel here: set HARNESS_{engine.upper()}_WHEEL to one, or put it in "
-               f"/tmp/{engine}-wheel (pip download {engine}=={version} --no-deps -d /tmp/{engine}-wheel)")
+               f"/tmp/{engine}-wheel (pip download {distribution or engine}=={version} --no-deps -d "
+               f"/tmp/{engine}-wheel)")
 
 
 def engine_source(engine: str) -> Path | None:

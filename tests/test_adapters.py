@@ -101,7 +101,10 @@ def test_the_adapters_are_listed_but_their_engine_is_not_imported(capsys):
     assert "(--impl graphs=sglang, the engine's shipped code)" in listed
     assert "harness.adapters.vllm:load_capturer  (--impl graphs=vllm, the engine's shipped code)" in listed
     assert "harness.adapters.trtllm:load_capturer  (--impl graphs=trtllm, the engine's shipped code)" in listed
+    assert "harness.adapters.bcg:load_capturer  (--impl graphs=bcg, the engine's shipped code)" in listed
+    assert "harness.adapters.pcg:load_capturer  (--impl graphs=pcg, the engine's shipped code)" in listed
     assert "sglang" not in sys.modules and "vllm" not in sys.modules and "tensorrt_llm" not in sys.modules
+    assert "breakable_cuda_graphs" not in sys.modules and "piecewise_cuda_graphs" not in sys.modules
 
 
 @needs_sglang_modules

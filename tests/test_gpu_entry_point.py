@@ -264,3 +264,33 @@ def test_the_engines_step_gives_later_reports_what_earlier_ones_left_and_the_rep
     # the reproductions: what is left of 100 s after about 3 s of reports (below their limit of 120 s)
     repro_line = next(line for line in completed.stdout.splitlines() if line.startswith("--- minimal reproductions"))
     assert 95 <= int(repro_line.split("limit ")[1].split()[0]) <= 97, repro_line
+
+
+def test_the_installed_no_graph_packages_are_reported_only_where_engines_names_them(tmp_path):
+    """breakable-cuda-graphs and piecewise-cuda-graphs (``graphs=bcg``, ``graphs=pcg``) are installed packages (their
+    variables empty by default): not in the default reports, whose limits the step's tests fix; where ENGINES names
+    them, each is one graphs report on the PYTHONPATH as it is, its version probed through its adapter, no
+    cuda-python probe and no reproductions (they have none)."""
+    folders = {"SGLANG_MODULES": str(tmp_path / "no-such"), "VLLM_MODULES": str(tmp_path / "no-such"),
+               "TRTLLM_MODULES": str(tmp_path / "no-such"), "PYTHONPATH": ""}
+    completed, calls = _run_engines(tmp_path, **folders)
+    assert _conformance_calls(calls) == {} and "no engine report to make" in completed.stdout
+    (tmp_path / "calls.log").unlink(missing_ok=True)
+    completed, calls = _run_engines(tmp_path, **folders, ENGINES="bcg pcg", ENGINE_TIME_BUDGET="525")
+    made = _conformance_calls(calls)
+    assert list(made) == ["graphs=bcg", "graphs=pcg"], completed.stdout
+    assert all(path == "" for _, path in made.values()), made
+    # the first leaves the second its expected 50 s and 15 s of starting; the second its own limit
+    assert 300 - 3 <= int(made["graphs=bcg"][0]) <= 300 and made["graphs=pcg"][0] == "300", made
+    for engine in ("bcg", "pcg"):
+        assert any(f"from harness.adapters.{engine} import engine_version" in arguments for _, arguments in calls)
+    assert not any("cuda.bindings" in arguments or "-repros" in arguments for _, arguments in calls), calls
+    # a folder holding the unzipped wheel's module (a single file, not a package folder) comes first on the path
+    (tmp_path / "bcg-site").mkdir()
+    (tmp_path / "bcg-site" / "breakable_cuda_graphs.py").write_text("")
+    (tmp_path / "calls.log").unlink(missing_ok=True)
+    completed, calls = _run_engines(tmp_path, **folders, ENGINES="bcg", BCG_MODULES=str(tmp_path / "bcg-site"))
+    assert _conformance_calls(calls) == {"graphs=bcg": ("300", str(tmp_path / "bcg-site"))}, completed.stdout
+    completed, _ = _run_engines(tmp_path, **folders, ENGINES="pcg", PCG_MODULES=str(tmp_path / "bcg-site"))
+    assert completed.returncode == 2 and "run unzip -d " in completed.stdout
+    assert "piecewise_cuda_graphs-0.1.0-py3-none-any.whl" in completed.stdout

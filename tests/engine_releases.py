@@ -13,10 +13,13 @@ import pytest
 
 
 def release_wheel(engine: str, version: str) -> Path | None:
-    """The wheel ``HARNESS_<ENGINE>_WHEEL`` names, else the first ``/tmp/<engine>-wheel/<engine>-<version>-*.whl``."""
+    """The wheel of ``version`` that ``HARNESS_<ENGINE>_WHEEL`` names (one path, or several joined by the path
+    separator, for an engine whose tests run on several releases: the one named ``<engine>-<version>-*``), else the
+    first ``/tmp/<engine>-wheel/<engine>-<version>-*.whl``."""
     given = os.environ.get(f"HARNESS_{engine.upper()}_WHEEL")
     if given:
-        return Path(given) if Path(given).is_file() else None
+        named = [Path(path) for path in given.split(os.pathsep) if Path(path).name.startswith(f"{engine}-{version}-")]
+        return next((path for path in named if path.is_file()), None)
     found = sorted(Path(f"/tmp/{engine}-wheel").glob(f"{engine}-{version}-*.whl"))
     return found[0] if found else None
 

@@ -13,12 +13,15 @@ import pytest
 
 
 def release_wheel(engine: str, version: str, *, distribution: str | None = None) -> Path | None:
-    """The wheel ``HARNESS_<ENGINE>_WHEEL`` names, else the first ``/tmp/<engine>-wheel/<name>-<version>-*.whl``,
-    ``<name>`` the wheel's file-name form of ``distribution`` (default: the engine's name)."""
+    """The wheel of ``version`` that ``HARNESS_<ENGINE>_WHEEL`` names (one path, or several joined by the path
+    separator, for an engine whose tests run on several releases: the one named ``<name>-<version>-*``), else the
+    first ``/tmp/<engine>-wheel/<name>-<version>-*.whl``; ``<name>`` is the wheel's file-name form of
+    ``distribution`` (default: the engine's name)."""
+    name = (distribution or engine).replace("-", "_")
     given = os.environ.get(f"HARNESS_{engine.upper()}_WHEEL")
     if given:
-        return Path(given) if Path(given).is_file() else None
-    name = (distribution or engine).replace("-", "_")
+        named = [Path(path) for path in given.split(os.pathsep) if Path(path).name.startswith(f"{name}-{version}-")]
+        return next((path for path in named if path.is_file()), None)
     found = sorted(Path(f"/tmp/{engine}-wheel").glob(f"{name}-{version}-*.whl"))
     return found[0] if found else None
 

@@ -11,8 +11,12 @@ returns is not propagated at replay), and a second capture in one thread raises 
 adapter does not make up for either; :data:`DOCUMENTED_AWAY` declares the clauses this narrows away, with
 vLLM's own sentences, and ``python -m harness conformance`` reports them as ``documented away``.
 
-Written against :data:`VLLM_VERSION`; vLLM is imported only when selected, from an installed vLLM or a
-folder made by ``.ci/gpu/extract-vllm`` (``.vllm``) on ``PYTHONPATH``. ``docs/graphs.md`` describes the
+Written against the releases of :data:`VLLM_VERSIONS` (0.33.0 and 0.34.0); the imported release decides the
+set-up (:data:`BRIDGES`): 0.33.0's capture is preceded by its late-capture guard, as BreakableCUDAGraphWrapper
+calls it, and 0.34.0 has no such guard. Their capture context and break decorator are the same code, so the
+same clauses are documented away with the same sentences (the unit tests check them in each release's module).
+vLLM is imported only when selected, from an installed vLLM or a folder made by ``.ci/gpu/extract-vllm``
+(``.vllm``) on ``PYTHONPATH``; another release is refused in one line. ``docs/graphs.md`` describes the
 bridges, ``docs/conformance/README.md`` how the report is recorded."""
 
 from __future__ import annotations
@@ -30,9 +34,11 @@ from harness.conformance.clauses import DocumentedAway, outside_contract
 from harness.errors import ImplementationError, UsageError
 from harness.graphs import EngineBreaks, EngineCapturer, EngineGraph, GraphBackend
 
-__all__ = ["VLLM_VERSION", "VLLMCapturer", "VLLMGraph", "DOCUMENTED_AWAY", "load_capturer", "engine_version"]
+__all__ = ["VLLM_VERSION", "VLLM_VERSIONS", "BRIDGES", "VLLMCapturer", "VLLMGraph", "DOCUMENTED_AWAY", "load_capturer",
+           "engine_version"]
 
-VLLM_VERSION = "0.33.0"
+VLLM_VERSION = "0.33.0"  # the release the scheduled GPU job extracts and records (gpu.yml), and messages name
+VLLM_VERSIONS = ("0.33.0", "0.34.0")  # the releases the adapter bridges
 BREAKABLE_MODULE = "vllm.compilation.breakable_cudagraph"
 MONITOR_MODULE = "vllm.compilation.monitor"
 # Where .ci/gpu/extract-vllm writes by default, and the variable .ci/gpu/run reads it from.
@@ -41,6 +47,8 @@ FOLDER_VARIABLE = "VLLM_MODULES"
 
 _SOURCE = "vllm/compilation/breakable_cudagraph.py"
 
+# The same sentences in 0.33.0 and 0.34.0 (their capture context and break decorator did not change); where a release
+# words them differently, declare its own tuple and choose it by engine_version().
 DOCUMENTED_AWAY: dict[str, tuple[DocumentedAway, ...]] = {
     "graphs": (
         DocumentedAway(
@@ -107,11 +115,48 @@ def _import(spec: str, module: str) -> Any:
 
 
 def engine_version() -> str:
-    """The vLLM version importable here (the installed distribution's, else the package's own)."""
+    """The vLLM version importable here: the imported package's own (``vllm.__version__``, what runs, also from a
+    folder made by .ci/gpu/extract-vllm), else the installed distribution's, else ``unknown``."""
+    try:
+        version = getattr(importlib.import_module("vllm"), "__version__", None)
+    except Exception:  # noqa: BLE001 - whatever the engine's import raises: the distribution's metadata then
+        version = None
+    if version:
+        return str(version)
     try:
         return importlib.metadata.version("vllm")
     except importlib.metadata.PackageNotFoundError:
-        return str(getattr(importlib.import_module("vllm"), "__version__", "unknown"))
+        return "unknown"
+
+
+class Bridges:
+    """What the adapter sets up differently for one vLLM release (names and set-up only; vLLM computes the same).
+
+    ``late_capture_guard``: the name of the guard in ``vllm.compilation.monitor`` that BreakableCUDAGraphWrapper
+    calls before each capture (0.33.0: ``validate_cudagraph_capturing_enabled``, which raises once the model runner
+    has turned capturing off after start-up), or None where the release has none (0.34.0: the wrapper captures an
+    unseen batch descriptor whenever it meets one)."""
+
+    def __init__(self, *, late_capture_guard: str | None) -> None:
+        self.late_capture_guard = late_capture_guard
+
+
+BRIDGES = {
+    "0.33.0": Bridges(late_capture_guard="validate_cudagraph_capturing_enabled"),
+    "0.34.0": Bridges(late_capture_guard=None),
+}
+
+
+def bridges_for(spec: str, version: str) -> Bridges:
+    """The set-up for the imported release ``version`` (a local suffix, ``+cu130``, ignored); another release is
+    refused in one line."""
+    found = BRIDGES.get(version.split("+")[0])
+    if found is None:
+        raise ImplementationError(
+            f"--impl {spec}: the vLLM imported here is {version}; the adapter bridges vLLM "
+            f"{' and '.join(VLLM_VERSIONS)} only (harness/adapters/vllm.py, BRIDGES): extract one of those with "
+            f".ci/gpu/extract-vllm, or pip install vllm=={VLLM_VERSIONS[-1]}")
+    return found
 
 
 class _ContractBreaks(EngineBreaks):
@@ -176,16 +221,22 @@ _NEEDS_CUDA = ("--impl graphs=vllm captures real CUDA graphs with vLLM's Breakab
 class VLLMCapturer(EngineCapturer):
     """The harness's capturer interface over vLLM's ``BreakableCUDAGraphCapture``, set up as vLLM's runner captures
     around ``BreakableCUDAGraphWrapper``: inside graph_capture() on a stream of its own that first waits for the
-    caller's, every segment of a capture in its graph pool (the CUDA platform's graph_pool_handle()), under
-    freeze_gc_for_cudagraph_capture (collected, then the collector off; its freezing of the heap, a speed-up for
-    bulk capture, is left out)."""
+    caller's (one stream for every capture of the capturer, as graph_capture() keeps one for a runner's captures;
+    0.34.0 also captures a model's inner replay graphs on it), every segment of a capture in its graph pool (the
+    CUDA platform's graph_pool_handle()), under freeze_gc_for_cudagraph_capture (collected, then the collector off;
+    its freezing of the heap, a speed-up for bulk capture, is left out). Where the release has a late-capture guard
+    (0.33.0), it is called before each capture, as the wrapper calls it."""
 
     needs_cuda = _NEEDS_CUDA
 
     def __init__(self, backend: GraphBackend) -> None:
         super().__init__(backend)
         self._breakable = _import("graphs=vllm", BREAKABLE_MODULE)
-        self._monitor = _import("graphs=vllm", MONITOR_MODULE)
+        self.version = engine_version()
+        self.bridges = bridges_for("graphs=vllm", self.version)
+        self._guard: Callable[[], None] | None = None
+        if self.bridges.late_capture_guard is not None:
+            self._guard = getattr(_import("graphs=vllm", MONITOR_MODULE), self.bridges.late_capture_guard)
 
     def begin(self, pool: Any) -> tuple[Any, EngineBreaks]:
         capture = self._breakable.BreakableCUDAGraphCapture(pool=pool)
@@ -199,7 +250,8 @@ class VLLMCapturer(EngineCapturer):
             torch.cuda.synchronize(self.device)
 
     def capturing(self, state: Any, pool: Any) -> Any:
-        self._monitor.validate_cudagraph_capturing_enabled()  # BreakableCUDAGraphWrapper._capture's guard
+        if self._guard is not None:
+            self._guard()  # 0.33.0: BreakableCUDAGraphWrapper._capture's guard, before its capture context
         return state
 
     def finish(self, state: Any, output: Any, names: list[str]) -> VLLMGraph:
@@ -210,6 +262,7 @@ def load_capturer(*, graph_backend: str | None = None) -> type[VLLMCapturer]:
     """The ``graphs`` adapter (``--impl graphs=vllm``): checks vLLM's modules import, and that the selected
     graph backend is CUDA, then returns the capturer class (called with the backend)."""
     _import("graphs=vllm", BREAKABLE_MODULE)
+    bridges_for("graphs=vllm", engine_version())
     if graph_backend is not None and graph_backend != "cuda":
         raise UsageError(_NEEDS_CUDA)
     return VLLMCapturer

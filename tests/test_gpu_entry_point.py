@@ -116,7 +116,7 @@ def _run_engines(tmp_path: Path, **variables: str) -> tuple[subprocess.Completed
     fake.write_text(FAKE_ENGINE_PYTHON)
     fake.chmod(0o755)
     log = tmp_path / "calls.log"
-    env = {**{k: v for k, v in os.environ.items() if k not in ("ENGINES", "COMPONENTS", "ENGINE_TIME_BUDGET")},
+    env = {**{k: v for k, v in os.environ.items() if k not in ("ENGINES", "COMPONENTS", "ENGINE_TIME_BUDGET", "ORDERS")},
            "PYTHON": str(fake), "FAKE_LOG": str(log), **variables}
     completed = subprocess.run([str(ENGINES_SCRIPT), str(tmp_path / "out")], capture_output=True, text=True, env=env,
                                timeout=120)
@@ -250,7 +250,7 @@ def test_the_engines_step_gives_later_reports_what_earlier_ones_left_and_the_rep
     fake = FAKE_ENGINE_PYTHON.replace('exit 0', 'case "$*" in *graphs=sglang*) sleep 3 ;; esac\nexit 0')
     (tmp_path / "python").write_text(fake)
     log = tmp_path / "calls.log"
-    env = {**{k: v for k, v in os.environ.items() if k not in ("ENGINES", "COMPONENTS", "ENGINE_TIME_BUDGET")},
+    env = {**{k: v for k, v in os.environ.items() if k not in ("ENGINES", "COMPONENTS", "ENGINE_TIME_BUDGET", "ORDERS")},
            "PYTHON": str(tmp_path / "python"), "FAKE_LOG": str(log), "SGLANG_MODULES": str(tmp_path / "sglang-modules"),
            "ENGINES": "sglang", "COMPONENTS": "graphs gather", "ENGINE_TIME_BUDGET": "100"}
     (tmp_path / "python").chmod(0o755)
@@ -294,3 +294,40 @@ def test_the_installed_no_graph_packages_are_reported_only_where_engines_names_t
     completed, _ = _run_engines(tmp_path, **folders, ENGINES="pcg", PCG_MODULES=str(tmp_path / "bcg-site"))
     assert completed.returncode == 2 and "run unzip -d " in completed.stdout
     assert "piecewise_cuda_graphs-0.1.0-py3-none-any.whl" in completed.stdout
+
+
+# A stand-in interpreter that also writes the report files a conformance run would (empty), so the step goes on.
+FAKE_REPORTING_PYTHON = """#!/bin/sh
+echo "$PYTHONPATH|$*" >> "$FAKE_LOG"
+impl= out= previous=
+for word in "$@"; do
+  [ "$previous" = --impl ] && impl=$word
+  [ "$previous" = --out ] && out=$word
+  previous=$word
+done
+if [ -n "$impl" ]; then
+  touch "$out/conformance-${impl%=*}-${impl#*=}.md" "$out/conformance-${impl%=*}-${impl#*=}.json"
+fi
+exit 0
+"""
+
+
+def test_a_second_order_records_each_report_again_reversed_and_diffs_it_against_the_first(tmp_path):
+    (tmp_path / "vllm-modules" / "vllm").mkdir(parents=True)
+    fake = tmp_path / "python"
+    fake.write_text(FAKE_REPORTING_PYTHON)
+    fake.chmod(0o755)
+    log, out = tmp_path / "calls.log", tmp_path / "out"
+    env = {**{k: v for k, v in os.environ.items() if k not in ("ENGINES", "COMPONENTS", "ENGINE_TIME_BUDGET", "ORDERS")},
+           "PYTHON": str(fake), "FAKE_LOG": str(log), "VLLM_MODULES": str(tmp_path / "vllm-modules"),
+           "ENGINES": "vllm", "ORDERS": "collected reversed"}
+    completed = subprocess.run([str(ENGINES_SCRIPT), str(out)], capture_output=True, text=True, env=env, timeout=120)
+    calls = [line.split("|", 1)[1].split() for line in log.read_text().splitlines()]
+    runs = [words for words in calls if words[:3] == ["-m", "harness", "conformance"]]
+    orders = [(words[words.index("--test-order") + 1], words[words.index("--jobs") + 1],
+               words[words.index("--out") + 1]) for words in runs]
+    assert orders == [("collected", "4", str(out)), ("reversed", "3", str(out / "reversed"))], completed.stdout
+    diffs = [words for words in calls if words[:3] == ["-m", "harness", "conformance-diff"]]
+    assert diffs == [["-m", "harness", "conformance-diff", str(out / "conformance-graphs-vllm.json"),
+                      str(out / "reversed" / "conformance-graphs-vllm.json"), "--expect-identical"]], calls
+    assert completed.returncode == 0, completed.stdout + completed.stderr

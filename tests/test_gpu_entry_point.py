@@ -104,6 +104,8 @@ def test_the_limit_scale_multiplies_every_limit_and_the_scratch_site_is_removed(
 
 
 ENGINES_SCRIPT = ROOT / ".ci" / "gpu" / "engine-conformance"
+# What the engines step reads from the environment, which a test sets itself or not at all.
+_ENGINE_VARIABLES = ("ENGINES", "COMPONENTS", "ENGINE_TIME_BUDGET", "ORDERS")
 # A stand-in interpreter for the engines step: logs each call with its PYTHONPATH; the engine probes pass.
 FAKE_ENGINE_PYTHON = """#!/bin/sh
 echo "$PYTHONPATH|$*" >> "$FAKE_LOG"
@@ -116,7 +118,7 @@ def _run_engines(tmp_path: Path, **variables: str) -> tuple[subprocess.Completed
     fake.write_text(FAKE_ENGINE_PYTHON)
     fake.chmod(0o755)
     log = tmp_path / "calls.log"
-    env = {**{k: v for k, v in os.environ.items() if k not in ("ENGINES", "COMPONENTS", "ENGINE_TIME_BUDGET", "ORDERS")},
+    env = {**{k: v for k, v in os.environ.items() if k not in _ENGINE_VARIABLES},
            "PYTHON": str(fake), "FAKE_LOG": str(log), **variables}
     completed = subprocess.run([str(ENGINES_SCRIPT), str(tmp_path / "out")], capture_output=True, text=True, env=env,
                                timeout=120)
@@ -250,7 +252,7 @@ def test_the_engines_step_gives_later_reports_what_earlier_ones_left_and_the_rep
     fake = FAKE_ENGINE_PYTHON.replace('exit 0', 'case "$*" in *graphs=sglang*) sleep 3 ;; esac\nexit 0')
     (tmp_path / "python").write_text(fake)
     log = tmp_path / "calls.log"
-    env = {**{k: v for k, v in os.environ.items() if k not in ("ENGINES", "COMPONENTS", "ENGINE_TIME_BUDGET", "ORDERS")},
+    env = {**{k: v for k, v in os.environ.items() if k not in _ENGINE_VARIABLES},
            "PYTHON": str(tmp_path / "python"), "FAKE_LOG": str(log), "SGLANG_MODULES": str(tmp_path / "sglang-modules"),
            "ENGINES": "sglang", "COMPONENTS": "graphs gather", "ENGINE_TIME_BUDGET": "100"}
     (tmp_path / "python").chmod(0o755)
@@ -318,7 +320,7 @@ def test_a_second_order_records_each_report_again_reversed_and_diffs_it_against_
     fake.write_text(FAKE_REPORTING_PYTHON)
     fake.chmod(0o755)
     log, out = tmp_path / "calls.log", tmp_path / "out"
-    env = {**{k: v for k, v in os.environ.items() if k not in ("ENGINES", "COMPONENTS", "ENGINE_TIME_BUDGET", "ORDERS")},
+    env = {**{k: v for k, v in os.environ.items() if k not in _ENGINE_VARIABLES},
            "PYTHON": str(fake), "FAKE_LOG": str(log), "VLLM_MODULES": str(tmp_path / "vllm-modules"),
            "ENGINES": "vllm", "ORDERS": "collected reversed"}
     completed = subprocess.run([str(ENGINES_SCRIPT), str(out)], capture_output=True, text=True, env=env, timeout=120)

@@ -231,3 +231,25 @@ def test_reach_names_the_engines_modules_and_says_why_it_was_not_measured():
                                       graph_backend="emulated", environment={}, command="")
     report.reach_note = "coverage.py is not installed (pip install -c constraints.txt coverage)"
     assert "Not measured: coverage.py is not installed" in conformance.format_markdown(report)
+
+
+def test_the_failures_a_conformance_run_recorded_are_read_as_one_cause_each():
+    """What the recording of a conformance run raises at a test's end (harness.oracle._recording.combined): the first
+    call's state difference and a later call's values are two causes, and the count line none."""
+    from harness.errors import MismatchError
+    from harness.oracle._recording import combined
+
+    def failure(*problems: str) -> MismatchError:
+        error = MismatchError("runner: observably different from eager (harness.oracle):\n  " + "\n  ".join(problems)
+                              + "\n  implementations: {'runner': 'x'}")
+        error.problems, error.context = list(problems), "\n  implementations: {'runner': 'x'}"
+        return error
+
+    state = "module state: the call changed module 0.model instance forward, which eager leaves as it was"
+    values = "values: tensors differ at .next_token_logits (bitwise): 3 / 96 elements mismatch"
+    raised = combined([failure(state), failure(state), failure(values)])
+    assert str(raised).count(state) == 1 and "3 failed checks recorded in this test" in str(raised)
+    assert findings.causes_of(f"harness.errors.MismatchError: {raised}") == [
+        (findings.WRONG_STATE, "module state: the call changed module N.model instance forward, which eager leaves "
+                               "as it was"),
+        (findings.WRONG_VALUES, "values: tensors differ at .next_token_logits")]

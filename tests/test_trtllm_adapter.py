@@ -17,14 +17,23 @@ import subprocess
 import sys
 import textwrap
 import types
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from engine_releases import STAND_IN_CUDA_PATCHES, engine_source, extraction_script, needs_engine_source
 
 from harness import conformance, impls
-from harness.adapters.trtllm import DOCUMENTED_AWAY, TRTLLM_COMMIT, TRTLLMCapturer, engine_version
+from harness.adapters.trtllm import (
+    DOCUMENTED_AWAY,
+    LATER_COMMIT,
+    TRTLLM_COMMIT,
+    TRTLLMCapturer,
+    break_marker,
+    engine_version,
+)
 from harness.errors import ImplementationError, UsageError
 from harness.graphs import get_backend
 
@@ -229,6 +238,97 @@ def test_nothing_is_documented_away():
     assert DOCUMENTED_AWAY == {} and conformance.documented_away("graphs", "trtllm") == ()
 
 
+# --- the two forms of eager_on_graph ------------------------------------------------------------------
+
+
+def _fake_breakable(form: str) -> types.SimpleNamespace:
+    """A made-up breakable module with an ``eager_on_graph`` of one form: ``factory`` (called with the flag, as at
+    TRTLLM_COMMIT), ``decorator`` (called with the function, as at LATER_COMMIT), each by the parameter names of
+    those commits or, with ``-annotated``, by other names and the annotations only. ``calls`` logs what the module
+    was asked; its graph counts the breaks its wrapper ran."""
+    calls: list[tuple[str, Any]] = []
+    graphs: list[Any] = []
+
+    class BreakableCUDAGraph:
+        def __init__(self) -> None:
+            self.num_breaks = 0
+            graphs.append(self)
+
+    def wrap(inner: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            for graph in graphs[-1:]:  # the graph begun last, where one was
+                graph.num_breaks += 1
+            calls.append(("break", args))
+            return inner(*args, **kwargs)
+        return wrapper
+
+    def factory(enable: bool) -> Callable[..., Any]:
+        calls.append(("factory", enable))
+        return wrap if enable else (lambda inner: inner)
+
+    def factory_annotated(flag: bool) -> Callable[..., Any]:
+        return factory(flag)
+
+    def decorator(inner: Callable[..., Any]) -> Callable[..., Any]:
+        calls.append(("decorate", inner))
+        return wrap(inner)
+
+    def decorator_annotated(fn: Callable[..., Any]) -> Callable[..., Any]:
+        return decorator(fn)
+
+    forms = {"factory": factory, "factory-annotated": factory_annotated, "decorator": decorator,
+             "decorator-annotated": decorator_annotated}
+    return types.SimpleNamespace(BreakableCUDAGraph=BreakableCUDAGraph, eager_on_graph=forms[form], calls=calls)
+
+
+@pytest.mark.parametrize("form", ["factory", "factory-annotated"])
+def test_a_factory_eager_on_graph_is_called_with_true_once(form):
+    fake = _fake_breakable(form)
+    mark = break_marker(fake)
+    assert fake.calls == [("factory", True)]  # asked for the decorator, nothing decorated yet
+    assert mark(lambda x: x * 3)(2) == 6 and fake.calls[1:] == [("break", (2,))]
+
+
+@pytest.mark.parametrize("form", ["decorator", "decorator-annotated"])
+def test_a_plain_eager_on_graph_decorates_the_break_itself(form):
+    fake = _fake_breakable(form)
+    mark = break_marker(fake)
+    assert mark is fake.eager_on_graph and fake.calls == []  # not called with True, which it would wrap as a function
+
+    def body(x):
+        return x + 1
+
+    assert mark(body)(4) == 5 and fake.calls == [("decorate", body), ("break", (4,))]
+
+
+@pytest.mark.parametrize("form", ["factory", "decorator"])
+def test_the_capturer_counts_breaks_through_either_form(form):
+    fake = _fake_breakable(form)
+    capturer = object.__new__(TRTLLMCapturer)  # no backend: only begin and the break receiver run
+    capturer._breakable = fake
+    graph, breaks = capturer.begin(pool=None)
+    assert isinstance(graph, fake.BreakableCUDAGraph)
+
+    def attention(h):
+        return h * 2
+
+    assert breaks.run_break(attention, (torch.ones(2),), {}).tolist() == [2.0, 2.0]
+    assert graph.num_breaks == 1 and breaks.engine_breaks() == 1
+    assert breaks.names == [attention.__qualname__]
+
+
+def test_an_eager_on_graph_of_neither_form_is_refused_in_one_line():
+    def eager_on_graph(function, enable=True):  # two parameters: neither commit's form
+        return function
+
+    with pytest.raises(ImplementationError) as raised:
+        break_marker(types.SimpleNamespace(eager_on_graph=eager_on_graph))
+    message = str(raised.value)
+    assert "\n" not in message and message.startswith("--impl graphs=trtllm: TensorRT-LLM's eager_on_graph(function, ")
+    assert f"factory eager_on_graph(enable) of commit {TRTLLM_COMMIT[:12]}" in message
+    assert f"decorator eager_on_graph(inner) of commit {LATER_COMMIT[:12]}" in message
+
+
 # --- the make_weak_ref stand-in ------------------------------------------------------------------------
 
 
@@ -277,6 +377,18 @@ def test_the_make_weak_ref_stand_in_routes_values_as_trtllms_and_says_a_test_res
     with pytest.warns(UserWarning, match="make_weak_ref stand-in: kept a strong reference"):
         utils.make_weak_ref(torch.zeros(3).as_subclass(ReportsCuda))  # this torch has no CUDA to alias with
     assert running_test_notes(clear=True) == {"stand_ins": [utils._NAME]}
+
+
+def test_the_make_weak_ref_stand_in_takes_the_later_commits_preserve_unsupported():
+    """LATER_COMMIT passes every break argument with preserve_unsupported=True: other types come back as they are
+    (inside containers too); without the flag they are refused as before."""
+    utils = _stand_in_utils()
+    marker, host = object(), torch.ones(2)
+    held = utils.make_weak_ref({"m": marker, "xs": [None, host]}, preserve_unsupported=True)
+    assert held["m"] is marker and held["xs"][0] is None and held["xs"][1] is host
+    assert utils.make_weak_ref(marker, preserve_unsupported=True) is marker
+    with pytest.raises(TypeError, match="Invalid type <class 'object'> to make weak ref"):
+        utils.make_weak_ref([marker])
 
 
 # --- the bridges, against TensorRT-LLM's capture ----------------------------------------------------------

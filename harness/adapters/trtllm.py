@@ -2,7 +2,8 @@
 
 Bridges TensorRT-LLM's ``BreakableCUDAGraph`` and ``BreakableCUDAGraphCapture``
 (``tensorrt_llm/_torch/pyexecutor/breakable_cuda_graph/``, adapted from SGLang's) to the capturer interface: breaks
-reach TensorRT-LLM's ``eager_on_graph(True)`` through :func:`harness.graphs.receive_breaks`, and capture and replay
+reach TensorRT-LLM's ``eager_on_graph`` (``eager_on_graph(True)`` at :data:`TRTLLM_COMMIT`, a plain decorator at
+later commits: :func:`break_marker`) through :func:`harness.graphs.receive_breaks`, and capture and replay
 are set up as TensorRT-LLM's ``BreakableCUDAGraphRunner`` (``breakable_cuda_graph_runner.py``) sets them up: a
 capture stream of its own that waits for the caller's, the warm-ups on it, one pool handle for every segment, the
 capture inside ``enable_breakable_cuda_graph()``, the graph reset when a capture fails, and replay inside
@@ -22,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.metadata
+import inspect
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -31,7 +33,8 @@ from harness.conformance.clauses import DocumentedAway
 from harness.errors import ImplementationError, UsageError
 from harness.graphs import EngineBreaks, EngineCapturer, EngineGraph, GraphBackend
 
-__all__ = ["TRTLLM_COMMIT", "TRTLLMCapturer", "TRTLLMGraph", "DOCUMENTED_AWAY", "load_capturer", "engine_version"]
+__all__ = ["TRTLLM_COMMIT", "LATER_COMMIT", "TRTLLMCapturer", "TRTLLMGraph", "DOCUMENTED_AWAY", "break_marker",
+           "load_capturer", "engine_version"]
 
 TRTLLM_COMMIT = "8989d7312b12aafed8d60270e4b02a772a5bb833"
 BREAKABLE_MODULE = "tensorrt_llm._torch.pyexecutor.breakable_cuda_graph"
@@ -40,6 +43,9 @@ DEFAULT_FOLDER = ".trtllm"
 FOLDER_VARIABLE = "TRTLLM_MODULES"
 
 DOCUMENTED_AWAY: dict[str, tuple[DocumentedAway, ...]] = {}
+# A later commit read in the public code index, whose eager_on_graph is a plain decorator (docs/conformance/README.md
+# says what else changed); not the target: its extraction is checked only from files stored at other commits.
+LATER_COMMIT = "28e9e0716823d36750c153dd2e5bcebf6331032f"
 
 
 def _missing_line(spec: str, error: ModuleNotFoundError) -> str:
@@ -82,10 +88,39 @@ def engine_version() -> str:
         return f"commit {commit[:12]}" if commit else "unknown"
 
 
+def break_marker(breakable: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The decorator that makes a break in the imported module: ``eager_on_graph(True)`` where ``eager_on_graph`` is
+    a factory taking the flag (at :data:`TRTLLM_COMMIT`), ``eager_on_graph`` itself where it takes the function (at
+    :data:`LATER_COMMIT`). Told apart by the one parameter's name and annotation; any other signature is refused in
+    one line rather than guessed at."""
+    mark = breakable.eager_on_graph
+    try:
+        parameters = list(inspect.signature(mark).parameters.values())
+    except (TypeError, ValueError):
+        parameters = []
+    if len(parameters) == 1:
+        parameter = parameters[0]
+        annotation = parameter.annotation
+        if parameter.name == "enable" or annotation in (bool, "bool"):
+            return mark(True)
+        if parameter.name == "inner" or annotation is not inspect.Parameter.empty and "Callable" in str(annotation):
+            return mark
+    raise ImplementationError(f"--impl graphs=trtllm: TensorRT-LLM's eager_on_graph{_signature(mark)} is neither "
+                              f"the factory eager_on_graph(enable) of commit {TRTLLM_COMMIT[:12]} nor the decorator "
+                              f"eager_on_graph(inner) of commit {LATER_COMMIT[:12]}")
+
+
+def _signature(function: Any) -> str:
+    try:
+        return str(inspect.signature(function))
+    except (TypeError, ValueError):
+        return "(?)"
+
+
 class _CountedBreaks(EngineBreaks):
-    """Breaks go to TensorRT-LLM's ``eager_on_graph(True)``, which holds the arguments through make_weak_ref and
-    copies the result into the capture-time one at replay; a name is recorded only when TensorRT-LLM counted the
-    call as a break."""
+    """Breaks go to TensorRT-LLM's ``eager_on_graph`` (:func:`break_marker`), which holds the arguments through
+    make_weak_ref and copies the result into the capture-time one at replay; a name is recorded only when
+    TensorRT-LLM counted the call as a break."""
 
     def __init__(self, mark: Callable[[Callable[..., Any]], Callable[..., Any]], graph: Any) -> None:
         super().__init__(mark)
@@ -138,7 +173,7 @@ class TRTLLMCapturer(EngineCapturer):
 
     def begin(self, pool: Any) -> tuple[Any, EngineBreaks]:
         graph = self._breakable.BreakableCUDAGraph()
-        return graph, _CountedBreaks(self._breakable.eager_on_graph(True), graph)
+        return graph, _CountedBreaks(break_marker(self._breakable), graph)
 
     @contextlib.contextmanager
     def capturing(self, state: Any, pool: Any) -> Iterator[None]:

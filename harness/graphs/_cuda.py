@@ -46,12 +46,8 @@ def _on_own_stream(stream: torch.cuda.Stream) -> Iterator[None]:
 
 def _capturing(stream: torch.cuda.Stream) -> bool:
     """Whether ``stream`` is capturing, asked without ``torch.cuda.set_stream`` (which the race widener patches)."""
-    current = torch.cuda.current_stream(stream.device)
-    torch.cuda._set_stream_by_id(stream.stream_id, stream.device_index, stream.device_type)
-    try:
+    with _on_own_stream(stream):
         return torch.cuda.is_current_stream_capturing()
-    finally:
-        torch.cuda._set_stream_by_id(current.stream_id, current.device_index, current.device_type)
 
 
 _wait_lock = threading.Lock()

@@ -1109,16 +1109,14 @@ class BreakOnUnjoinedStream(GraphCapturer):
              "fails the capture")
 class WarmsUpOnASideStream(GraphCapturer):
     def capture(self, fn: Callable[[], Any], *, pool: Any = None, warmup_runs: int = 1) -> BreakableGraph:
+        from harness.graphs._cuda import _on_own_stream  # the backend's stream switch, which the widener skips
+
         caller = torch.cuda.current_stream()
         for _ in range(warmup_runs):
             side = torch.cuda.Stream()
             side.wait_stream(caller)
-            previous = torch.cuda.current_stream()
-            torch.cuda._set_stream_by_id(side.stream_id, side.device_index, side.device_type)  # not the widener's
-            try:
+            with _on_own_stream(side):
                 fn()
-            finally:
-                torch.cuda._set_stream_by_id(previous.stream_id, previous.device_index, previous.device_type)
             caller.wait_stream(side)
         return super().capture(fn, pool=pool, warmup_runs=0)
 
